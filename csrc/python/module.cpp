@@ -1,0 +1,13 @@
+// The nanobind module edgerunner._core: thin bindings, no logic.
+#include <nanobind/nanobind.h>
+
+namespace nb = nanobind;
+
+void bind_gguf(nb::module_& m);
+void bind_quants(nb::module_& m);
+
+NB_MODULE(_core, m) {
+    m.doc() = "edgerunner native core";
+    bind_gguf(m);
+    bind_quants(m);
+}

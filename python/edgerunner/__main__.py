@@ -1,0 +1,5 @@
+import sys
+
+from edgerunner.cli import main
+
+sys.exit(main())
