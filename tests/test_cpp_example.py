@@ -1,0 +1,63 @@
+"""The static core library works from C++ alone: build examples/gguf_summary and run it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf as ggufpkg
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool(name: str) -> str:
+    local = Path(sys.executable).parent / name  # the test extra installs cmake and ninja here
+    found = str(local) if local.exists() else shutil.which(name)
+    if not found:
+        pytest.fail(f"{name} not found: install the test extra (pip install '.[test]')")
+    return found
+
+
+@pytest.fixture(scope="module")
+def gguf_summary(tmp_path_factory) -> Path:
+    build = tmp_path_factory.mktemp("cpp-build")
+    cmake = _tool("cmake")
+    env = dict(os.environ, PATH=f"{Path(_tool('ninja')).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    subprocess.run([cmake, "-S", str(ROOT), "-B", str(build), "-G", "Ninja", "-DEDGERUNNER_EXAMPLES=ON",
+                    "-DEDGERUNNER_METAL=OFF"], check=True, capture_output=True, env=env)
+    subprocess.run([cmake, "--build", str(build), "--target", "gguf_summary"], check=True, capture_output=True, env=env)
+    return build / "examples" / "gguf_summary"
+
+
+def test_example_prints_summary(gguf_summary, tmp_path):
+    path = tmp_path / "m.gguf"
+    w = ggufpkg.GGUFWriter(str(path), "llama")
+    w.add_block_count(2)
+    w.add_context_length(128)
+    w.add_token_list(["a", "b", "c"])
+    w.add_tokenizer_model("gpt2")
+    w.add_tensor("tok_embd.weight", np.zeros((3, 32), dtype=np.float32))
+    w.add_tensor("q", np.zeros((4, 18), dtype=np.uint8), raw_dtype=ggufpkg.GGMLQuantizationType.Q4_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    out = subprocess.run([str(gguf_summary), str(path)], check=True, capture_output=True, text=True).stdout
+    assert "architecture: llama" in out
+    assert "llama.block_count: 2" in out and "llama.context_length: 128" in out
+    assert "tensors: 2, parameters: 224" in out  # 3*32 + 4*32
+    assert "Q4_0" in out and "72 bytes" in out
+    assert "tokenizer: gpt2, 3 tokens" in out
+
+
+def test_example_reports_malformed_file(gguf_summary, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\0\0\0" + b"\xff" * 16)
+    r = subprocess.run([str(gguf_summary), str(bad)], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "metadata_kv_count at offset 16" in r.stderr and "cannot fit" in r.stderr
