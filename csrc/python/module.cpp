@@ -6,10 +6,12 @@ namespace nb = nanobind;
 void bind_gguf(nb::module_& m);
 void bind_quants(nb::module_& m);
 void bind_sampler(nb::module_& m);
+void bind_engine(nb::module_& m);
 
 NB_MODULE(_core, m) {
     m.doc() = "edgerunner native core";
     bind_gguf(m);
     bind_quants(m);
     bind_sampler(m);
+    bind_engine(m);
 }

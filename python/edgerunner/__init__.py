@@ -1,12 +1,26 @@
 """edgerunner: fast local LLM inference over GGUF models.
 
-The native core (``edgerunner._core``) is imported by the submodules that need it, so the
-pure-Python tools (``edgerunner.model_builder``, ``edgerunner.builtin_models``) work on their own.
+    from edgerunner import Model
+    model = Model.load("smollm2-135m-instruct")   # a .gguf path or a built-in model name
+    print(model.chat([{"role": "user", "content": "Hello!"}]))
+
+The native core (``edgerunner._core``) is imported on first use of ``Model``, so the pure-Python
+tools (``edgerunner.model_builder``, ``edgerunner.builtin_models``) work on their own.
 """
 
 from __future__ import annotations
 
-from edgerunner.errors import GGUFError
+from typing import Any
+
+from edgerunner.errors import ContextLengthError, GGUFError
 
 __version__ = "0.1.0"
-__all__ = ["GGUFError", "__version__"]
+__all__ = ["Model", "Generator", "GGUFError", "ContextLengthError", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Model", "Generator"):
+        from edgerunner import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module 'edgerunner' has no attribute {name!r}")

@@ -79,6 +79,87 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_generation_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("generation")
+    g.add_argument("-n", "--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    g.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
+    g.add_argument("--top-k", type=int, default=40, help="0 = off (default 40)")
+    g.add_argument("--top-p", type=float, default=0.95, help="1 = off (default 0.95)")
+    g.add_argument("--min-p", type=float, default=0.05, help="0 = off (default 0.05)")
+    g.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off (default 1.0)")
+    g.add_argument("--seed", type=int, default=None, help="fixed seed: the same text every run")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    m = p.add_argument_group("model")
+    m.add_argument("--n-ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
+    m.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
+    m.add_argument("--kv-type", default="f16", choices=["f16", "f32", "q8_0"], help="KV cache precision")
+    m.add_argument("--precise", action="store_true", help="float32 activations and KV cache (slower)")
+
+
+def _load(args: argparse.Namespace, source: str | None):
+    from edgerunner import Model
+
+    return Model.load(resolve_model(source) if source else None, n_ctx=args.n_ctx, threads=args.threads,
+                      kv_type=args.kv_type, precise=args.precise)
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                min_p=args.min_p, repetition_penalty=args.repeat_penalty, seed=args.seed, stop=args.stop)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if len(args.words) > 2:
+        raise SystemExit("edgerunner run: give at most a model and one prompt (quote the prompt)")
+    source, prompt = (None, args.words[0]) if len(args.words) == 1 else args.words
+    if source is None:
+        _say("using the built-in default model (smollm2-135m-instruct); name a .gguf to use another")
+    model = _load(args, source)
+    if args.raw or model.chat_template is None:
+        pieces = model.generate(prompt, stream=True, **_sampling(args))
+    else:
+        pieces = model.chat([{"role": "user", "content": prompt}], stream=True, **_sampling(args))
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    model = _load(args, args.model)
+    conversation = model.session(system=args.system)
+    fallback = model.chat_template is None
+    if fallback:
+        _say("this model has no chat template: using a generic ChatML template")
+    interactive = sys.stdin.isatty()
+    if interactive:
+        _say("chatting with " + os.path.basename(model.path) + " (Ctrl-D or /exit to quit, /reset to start over)")
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except EOFError:
+            break
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            break
+        if text == "/reset":
+            conversation.reset()
+            continue
+        for piece in conversation.send(text, stream=True, template_fallback=fallback, **_sampling(args)):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    return 0
+
+
+def _say(message: str) -> None:
+    print(f"edgerunner: {message}", file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgerunner", description="Fast local LLM inference over GGUF models.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -87,6 +168,19 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
     info.add_argument("--tensors", action="store_true", help="also list every tensor")
     info.set_defaults(func=cmd_info)
+
+    run = sub.add_parser("run", help="generate a reply to one prompt, streamed",
+                         description="edgerunner run [MODEL] PROMPT: with no MODEL, the built-in default model.")
+    run.add_argument("words", nargs="+", metavar="[MODEL] PROMPT", help="a .gguf path or built-in name, then the prompt")
+    run.add_argument("--raw", action="store_true", help="continue the prompt as plain text (no chat template)")
+    _add_generation_args(run)
+    run.set_defaults(func=cmd_run)
+
+    chat = sub.add_parser("chat", help="interactive chat that keeps the conversation")
+    chat.add_argument("model", nargs="?", default=None, help="a .gguf path or built-in name (default: the built-in default)")
+    chat.add_argument("--system", default=None, help="system message")
+    _add_generation_args(chat)
+    chat.set_defaults(func=cmd_chat)
     return parser
 
 
@@ -98,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except (GGUFError, OSError) as e:
+    except (GGUFError, OSError, ValueError) as e:
         print(f"edgerunner: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -15,3 +15,8 @@ class GGUFError(ValueError):
         super().__init__(message)
         self.field = field
         self.offset = offset
+
+
+class ContextLengthError(ValueError):
+    """The tokens do not fit in the model's context (``n_ctx``): load with a larger ``n_ctx``,
+    shorten the input, or let ``generate`` truncate the prompt (``truncate="left"``)."""

@@ -1,0 +1,43 @@
+#include "kv_cache.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "edgerunner/quant_blocks.h"
+
+namespace edgerunner {
+
+KvType parse_kv_type(const std::string& name) {
+    if (name == "f32") return KvType::F32;
+    if (name == "f16") return KvType::F16;
+    if (name == "q8_0") return KvType::Q8_0;
+    throw std::invalid_argument("KV cache type '" + name + "' is not supported; supported: f32, f16, q8_0");
+}
+
+const char* kv_type_name(KvType t) {
+    switch (t) {
+        case KvType::F32: return "f32";
+        case KvType::F16: return "f16";
+        case KvType::Q8_0: return "q8_0";
+    }
+    return "?";
+}
+
+KVCache::KVCache(KvType type_, int64_t n_layer_, int64_t capacity_, int64_t n_head_kv, int64_t head_dim_, bool circular_)
+    : type(type_), n_layer(n_layer_), capacity(capacity_), kv_dim(n_head_kv * head_dim_), head_dim(head_dim_),
+      circular(circular_) {
+    switch (type) {
+        case KvType::F32: row_bytes = static_cast<size_t>(kv_dim) * 4; break;
+        case KvType::F16: row_bytes = static_cast<size_t>(kv_dim) * 2; break;
+        case KvType::Q8_0:
+            if (head_dim % QK8_0 != 0)
+                throw std::invalid_argument("KV cache type q8_0 needs a head size that is a multiple of 32 (this model's is " +
+                                            std::to_string(head_dim) + "); use f16");
+            row_bytes = static_cast<size_t>(kv_dim / QK8_0) * sizeof(block_q8_0);
+            break;
+    }
+    storage.reset(new uint8_t[bytes()]);
+    std::memset(storage.get(), 0, bytes());
+}
+
+}  // namespace edgerunner

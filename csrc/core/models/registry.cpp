@@ -1,0 +1,28 @@
+#include <stdexcept>
+
+#include "models.h"
+
+namespace edgerunner {
+
+ModelWeights bind_weights(const GGUFFile& f, const ModelConfig& c) {
+    if (c.arch == "llama" || c.arch == "qwen2" || c.arch == "qwen3") return bind_llama_weights(f, c);
+    throw std::invalid_argument("no recipe for architecture '" + c.arch + "'");
+}
+
+Plan build_plan(const ModelConfig& c, const ModelWeights& m, StepKind kind, int64_t max_tokens) {
+    if (c.arch == "llama" || c.arch == "qwen2" || c.arch == "qwen3") return build_llama_plan(c, m, kind, max_tokens);
+    throw std::invalid_argument("no recipe for architecture '" + c.arch + "'");
+}
+
+std::string_view buf_name(Buf b) {
+    static constexpr std::string_view names[] = {"x", "xn", "q", "k", "v", "att", "gate", "up", "logits"};
+    return names[static_cast<int>(b)];
+}
+
+std::string_view op_name(OpKind k) {
+    static constexpr std::string_view names[] = {"embed", "rms_norm", "head_rms_norm", "matmul",
+                                                 "rope", "kv_store", "attention", "swiglu"};
+    return names[static_cast<int>(k)];
+}
+
+}  // namespace edgerunner

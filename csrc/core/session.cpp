@@ -1,0 +1,193 @@
+// Model loading and the session: which tokens the KV cache holds and which inference mode
+// (cached / decode / extend / reset) a new token list needs.
+#include <algorithm>
+#include <stdexcept>
+#include <thread>
+
+#include "../cpu/executable.h"
+#include "edgerunner/engine.h"
+#include "kv_cache.h"
+#include "models/models.h"
+
+namespace edgerunner {
+
+struct Model::Impl {
+    GGUFFile file;
+    ModelConfig config;
+    ModelWeights weights;
+    LoadOptions options;
+    int64_t n_ctx = 0;
+    Plan decode_plan, prefill_plan;
+    std::unique_ptr<cpu::ThreadPool> pool;
+};
+
+Model::~Model() = default;
+const ModelConfig& Model::config() const { return impl_->config; }
+const GGUFFile& Model::file() const { return impl_->file; }
+const LoadOptions& Model::options() const { return impl_->options; }
+int64_t Model::n_ctx() const { return impl_->n_ctx; }
+
+std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& options) {
+    if (options.n_ctx < 0) throw std::invalid_argument("n_ctx must be positive (or 0 for the model's default)");
+    if (options.prefill_chunk < 1) throw std::invalid_argument("prefill_chunk must be at least 1");
+    if (options.n_threads < 0) throw std::invalid_argument("n_threads must be positive (or 0 for all cores)");
+    parse_kv_type(options.kv_type);
+
+    std::shared_ptr<Model> model(new Model());
+    model->impl_ = std::make_unique<Impl>(Impl{GGUFFile::open(path), {}, {}, options, 0, {}, {}, nullptr});
+    Impl& m = *model->impl_;
+    m.config = read_model_config(m.file);
+    m.weights = bind_weights(m.file, m.config);
+    m.n_ctx = options.n_ctx ? options.n_ctx : std::min(m.config.n_ctx_train, kDefaultMaxContext);
+    const int64_t chunk = std::min(options.prefill_chunk, m.n_ctx);
+    m.decode_plan = build_plan(m.config, m.weights, StepKind::Decode, 1);
+    m.prefill_plan = build_plan(m.config, m.weights, StepKind::Prefill, chunk);
+    int threads = options.n_threads ? options.n_threads : static_cast<int>(std::thread::hardware_concurrency());
+    m.pool = std::make_unique<cpu::ThreadPool>(std::max(1, threads));
+    return model;
+}
+
+const char* eval_mode_name(EvalMode m) {
+    switch (m) {
+        case EvalMode::Cached: return "cached";
+        case EvalMode::Decode: return "decode";
+        case EvalMode::Extend: return "extend";
+        case EvalMode::Reset: return "reset";
+    }
+    return "?";
+}
+
+struct Session::Impl {
+    std::shared_ptr<Model> model;
+    KVCache kv;
+    cpu::Executable decode, prefill;
+    std::vector<int32_t> tokens;  // what the cache holds, position = index
+    const float* logits = nullptr;  // next-token logits of `tokens`, or null
+
+    static KVCache make_cache(const Model& model) {
+        const auto& c = model.config();
+        const auto& o = model.options();
+        const KvType type = o.precise ? KvType::F32 : parse_kv_type(o.kv_type);
+        // A sliding window bounds what attention reads: a circular cache of window + one
+        // prefill chunk holds every slot a step can touch.
+        const int64_t chunk = model.impl().prefill_plan.max_tokens;
+        const bool circular = c.sliding_window > 0 && c.sliding_window + chunk < model.n_ctx();
+        const int64_t capacity = circular ? c.sliding_window + chunk : model.n_ctx();
+        return KVCache(type, c.n_layer, capacity, c.n_head_kv, c.head_dim, circular);
+    }
+
+    explicit Impl(std::shared_ptr<Model> m)
+        : model(std::move(m)),
+          kv(make_cache(*model)),
+          decode(model->config(), model->impl().decode_plan, kv, *model->impl().pool, model->options().precise),
+          prefill(model->config(), model->impl().prefill_plan, kv, *model->impl().pool, model->options().precise) {
+        tokens.reserve(static_cast<size_t>(model->n_ctx()));
+    }
+
+    void check(const int32_t* ids, size_t n) const {
+        if (n == 0) throw std::invalid_argument("the token list is empty: give at least one token");
+        if (static_cast<int64_t>(n) > model->n_ctx())
+            throw std::length_error("the input has " + std::to_string(n) + " tokens but the context holds " +
+                                    std::to_string(model->n_ctx()) + "; load the model with a larger n_ctx or shorten the input");
+        const int64_t vocab = model->config().n_vocab;
+        for (size_t i = 0; i < n; ++i)
+            if (ids[i] < 0 || ids[i] >= vocab)
+                throw std::invalid_argument("token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
+                                            " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+
+    // Positions [tokens.size(), tokens.size() + n) ← ids; logits of the last (or all into out).
+    void process(const int32_t* ids, size_t n, float* all_logits_out) {
+        const int64_t vocab = model->config().n_vocab;
+        size_t done = 0;
+        while (done < n) {
+            const size_t step = std::min<size_t>(n - done, static_cast<size_t>(prefill.max_tokens()));
+            cpu::Executable& exe = step == 1 && !all_logits_out ? decode : prefill;
+            cpu::StepInputs in;
+            in.tokens = ids + done;
+            in.n_tokens = static_cast<int64_t>(step);
+            in.pos0 = static_cast<int64_t>(tokens.size());
+            in.logits_out = all_logits_out ? all_logits_out + done * vocab : nullptr;
+            exe.run(in);
+            tokens.insert(tokens.end(), ids + done, ids + done + step);
+            logits = all_logits_out ? nullptr : exe.logits();
+            done += step;
+        }
+    }
+
+    // Longest prefix of the cache still usable for `ids` (a wrapped circular cache cannot rewind).
+    size_t reusable_prefix(const int32_t* ids, size_t n) const {
+        size_t common = 0;
+        const size_t limit = std::min(n, tokens.size());
+        while (common < limit && tokens[common] == ids[common]) ++common;
+        if (common < tokens.size() && kv.circular && static_cast<int64_t>(tokens.size()) > kv.capacity) return 0;
+        return common;
+    }
+};
+
+Session::Session(std::shared_ptr<Model> model) : impl_(std::make_unique<Impl>(std::move(model))) {}
+Session::~Session() = default;
+
+EvalMode Session::eval(const int32_t* ids, size_t n) {
+    Impl& s = *impl_;
+    s.check(ids, n);
+    size_t common = s.reusable_prefix(ids, n);
+    if (common == n && n == s.tokens.size() && s.logits) return EvalMode::Cached;
+    if (common == n) common = n - 1;  // the last token's logits must be recomputed
+    const bool had_prefix = common > 0;
+    rewind(common);
+    s.process(ids + common, n - common, nullptr);
+    if (!had_prefix) return EvalMode::Reset;
+    return n - common == 1 ? EvalMode::Decode : EvalMode::Extend;
+}
+
+void Session::eval_all(const int32_t* ids, size_t n, float* out) {
+    Impl& s = *impl_;
+    s.check(ids, n);
+    rewind(0);
+    s.process(ids, n, out);
+}
+
+void Session::append(int32_t token) {
+    Impl& s = *impl_;
+    if (static_cast<int64_t>(s.tokens.size()) >= s.model->n_ctx())
+        throw std::length_error("the context is full (" + std::to_string(s.model->n_ctx()) + " tokens)");
+    if (token < 0 || token >= s.model->config().n_vocab)
+        throw std::invalid_argument("token id " + std::to_string(token) + " is outside the vocabulary");
+    s.process(&token, 1, nullptr);
+}
+
+void Session::rewind(size_t n) {
+    Impl& s = *impl_;
+    if (n >= s.tokens.size()) return;
+    s.tokens.resize(n);  // cache slots past n are simply overwritten later
+    s.logits = nullptr;
+}
+
+const float* Session::logits() const {
+    if (!impl_->logits) throw std::logic_error("no logits: evaluate some tokens first");
+    return impl_->logits;
+}
+size_t Session::logits_size() const { return static_cast<size_t>(impl_->model->config().n_vocab); }
+const std::vector<int32_t>& Session::tokens() const { return impl_->tokens; }
+int64_t Session::n_ctx() const { return impl_->model->n_ctx(); }
+
+int32_t Session::sample(Sampler& sampler) const {
+    const auto& t = impl_->tokens;
+    return sampler.sample(logits(), t.data(), t.size(), t.size());
+}
+
+std::vector<int32_t> Session::generate(Sampler& sampler, int64_t max_tokens, const std::vector<int32_t>& stop_ids) {
+    std::vector<int32_t> out;
+    out.reserve(static_cast<size_t>(std::max<int64_t>(0, max_tokens)));
+    for (int64_t i = 0; i < max_tokens; ++i) {
+        const int32_t tok = sample(sampler);
+        out.push_back(tok);
+        if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) break;
+        if (static_cast<int64_t>(impl_->tokens.size()) >= n_ctx()) break;
+        append(tok);
+    }
+    return out;
+}
+
+}  // namespace edgerunner

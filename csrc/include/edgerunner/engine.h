@@ -1,0 +1,86 @@
+// The C++ API: load a GGUF model, open sessions on it, evaluate tokens and sample.
+//
+//   auto model = edgerunner::Model::load("model.gguf", {});
+//   edgerunner::Session session(model);
+//   session.eval(prompt_ids.data(), prompt_ids.size());      // reset / extend / decode, chosen for you
+//   edgerunner::Sampler sampler(model->config().n_vocab, {});
+//   auto ids = session.generate(sampler, 64, {eos_id});
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "edgerunner/gguf.h"
+#include "edgerunner/model_config.h"
+#include "edgerunner/sampler.h"
+
+namespace edgerunner {
+
+struct LoadOptions {
+    int64_t n_ctx = 0;            // context length; 0: the model's, capped at kDefaultMaxContext
+    std::string kv_type = "f16";  // KV cache precision: f32, f16, q8_0
+    bool precise = false;         // float32 activations and KV cache: the reference mode
+    int n_threads = 0;            // 0: all hardware threads
+    int64_t prefill_chunk = 256;  // tokens per prefill step
+};
+constexpr int64_t kDefaultMaxContext = 4096;
+
+class Model {
+public:
+    // Maps the file, reads the config, binds every weight in place and builds the step plans.
+    // Throws GGUFError (malformed file) or std::invalid_argument (unsupported model/options).
+    static std::shared_ptr<Model> load(const std::string& path, const LoadOptions& options);
+    ~Model();
+
+    const ModelConfig& config() const;
+    const GGUFFile& file() const;
+    const LoadOptions& options() const;
+    int64_t n_ctx() const;
+
+    struct Impl;
+    Impl& impl() const { return *impl_; }
+
+private:
+    Model() = default;
+    std::unique_ptr<Impl> impl_;
+};
+
+// Which work an eval did (seed section "inference modes").
+enum class EvalMode { Cached, Decode, Extend, Reset };
+const char* eval_mode_name(EvalMode m);
+
+// One conversation's state: a KV cache, prepared executables and the tokens the cache holds.
+class Session {
+public:
+    explicit Session(std::shared_ptr<Model> model);
+    ~Session();
+
+    // Brings the cache to exactly `tokens` and makes logits() the next-token logits: decode
+    // when one token was appended, extend when several were, rewind to the common prefix when
+    // the history changed, cached when nothing changed. Throws std::length_error past n_ctx and
+    // std::invalid_argument for out-of-vocabulary ids.
+    EvalMode eval(const int32_t* tokens, size_t n);
+    // Logits of every position of `tokens` (n × n_vocab into `out`), recomputed from scratch.
+    void eval_all(const int32_t* tokens, size_t n, float* out);
+    // Appends one token and decodes it (no allocation).
+    void append(int32_t token);
+    // Keeps the first n tokens; the next eval recomputes from there.
+    void rewind(size_t n);
+
+    const float* logits() const;  // logits_size() (= n_vocab) values; valid after eval/append
+    size_t logits_size() const;
+    const std::vector<int32_t>& tokens() const;
+    int64_t n_ctx() const;
+
+    int32_t sample(Sampler& sampler) const;
+    // The native generation loop: sample, append, until max_tokens, a stop id or a full context.
+    std::vector<int32_t> generate(Sampler& sampler, int64_t max_tokens, const std::vector<int32_t>& stop_ids);
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace edgerunner

@@ -1,0 +1,49 @@
+// A model's hyperparameters, read from GGUF metadata with the upstream (llama.cpp) key names.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "edgerunner/gguf.h"
+
+namespace edgerunner {
+
+// How RoPE pairs the dimensions of a head. llama.cpp's converter permutes Llama's Q/K weights
+// so that adjacent dimensions (2i, 2i+1) rotate together; Qwen, Gemma and Phi-3 keep
+// Hugging Face's layout, rotating dimension i with i + head_dim/2 ("neox").
+enum class RopeStyle { Adjacent, Neox };
+
+struct ModelConfig {
+    std::string arch;
+    int64_t n_vocab = 0;
+    int64_t n_embd = 0;
+    int64_t n_layer = 0;
+    int64_t n_head = 0;
+    int64_t n_head_kv = 0;
+    int64_t head_dim = 0;       // key/query head size
+    int64_t head_dim_v = 0;     // value head size
+    int64_t n_ff = 0;
+    int64_t n_ctx_train = 0;
+    float norm_eps = 1e-5f;
+
+    RopeStyle rope_style = RopeStyle::Adjacent;
+    int64_t rope_dim = 0;       // dimensions of each head that rotate (the rest pass through)
+    float rope_base = 10000.0f;
+    float rope_linear_scale = 1.0f;  // positions are multiplied by this (1 / scaling factor)
+    bool rope_freq_factors = false;  // rope_freqs.weight divides each pair's frequency (Llama 3.1+)
+
+    bool qkv_bias = false;      // qwen2: biases on the Q, K and V projections
+    bool qk_norm = false;       // qwen3: RMSNorm over each Q and K head before RoPE
+    bool tied_output = false;   // no output.weight: the LM head reuses token_embd
+    int64_t sliding_window = 0; // 0: full attention
+};
+
+// The architectures this build runs, for error messages.
+const std::vector<std::string>& supported_architectures();
+
+// Reads and checks the hyperparameters; throws std::invalid_argument naming the key or the
+// unsupported feature (and listing what is supported).
+ModelConfig read_model_config(const GGUFFile& file);
+
+}  // namespace edgerunner

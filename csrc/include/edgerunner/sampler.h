@@ -1,0 +1,58 @@
+// CPU token sampler. The contract (transform order, RNG, draw) is documented at the top of
+// csrc/core/sampler.cpp; GPU samplers are to reproduce it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace edgerunner {
+
+struct SamplingParams {
+    float temperature = 0.0f;          // 0: greedy (argmax after bias and penalties)
+    int32_t top_k = 0;                 // 0: off
+    float top_p = 1.0f;                // 1: off
+    float min_p = 0.0f;                // 0: off
+    float repetition_penalty = 1.0f;   // 1: off
+    float presence_penalty = 0.0f;
+    float frequency_penalty = 0.0f;
+    int32_t penalty_last_n = 64;       // how many recent tokens the penalties look at; -1: all
+    std::vector<std::pair<int32_t, float>> logit_bias;  // entries for one token add up
+    uint64_t seed = 0;
+};
+
+// Not thread-safe: one Sampler per generation stream (it owns per-call scratch).
+class Sampler {
+public:
+    // Validates params; throws std::invalid_argument naming the bad field.
+    Sampler(int32_t n_vocab, SamplingParams params);
+    // Picks the next token from raw logits; `history` is every token so far (prompt included).
+    // `step` indexes the counter-based RNG, so the same (seed, step, logits) gives the same token.
+    // Never allocates; throws std::invalid_argument for a NaN logit, a history token outside the
+    // vocabulary (only looked at when penalties are on) or when every token is banned.
+    int32_t sample(const float* logits, const int32_t* history, size_t n_history, uint64_t step);
+    const SamplingParams& params() const { return params_; }
+    int32_t n_vocab() const { return n_vocab_; }
+
+    // The draw's uniform number in [0, 1): 24 bits of splitmix64 over (seed, step).
+    static float uniform(uint64_t seed, uint64_t step);
+
+private:
+    const float* apply_bias_and_penalties(const float* logits, const int32_t* history, size_t n_history);
+    int32_t sample_top_k(const float* l, size_t k, double u);
+    int32_t sample_full(const float* l, double u);
+    size_t collect(double threshold);
+    void extend_sorted(const float* l, size_t& sorted, size_t want, size_t n);
+
+    int32_t n_vocab_;
+    SamplingParams params_;
+    bool penalties_on_;
+    // Scratch sized at construction: no allocation per token.
+    std::vector<float> work_;      // logits after bias and penalties
+    std::vector<int32_t> order_;   // candidate token ids, best first once sorted
+    std::vector<double> probs_;    // unnormalized weights exp((l - l_max) / T)
+    std::vector<int32_t> counts_;  // per-token counts over the penalty window; all zero between calls
+};
+
+}  // namespace edgerunner

@@ -1,0 +1,285 @@
+"""The Python face of the engine: ``Model.load``, ``generate``, ``chat`` and multi-turn ``Generator``.
+
+Everything per token that costs (the forward pass, sampling) runs in C++; Python only turns
+token ids into text as they stream and watches for stop strings.
+
+    from edgerunner import Model
+    model = Model.load("smollm2-135m-instruct")          # a path, or a built-in model name
+    print(model.chat([{"role": "user", "content": "Hi!"}], max_tokens=32))
+    for piece in model.generate("Once upon a time", stream=True, max_tokens=32):
+        print(piece, end="", flush=True)
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from edgerunner import _core, gguf
+from edgerunner.chat_template import ChatTemplate, ChatTemplateError, validate_messages
+from edgerunner.errors import ContextLengthError
+from edgerunner.sampling import SamplingParams
+from edgerunner.tokenizer import Tokenizer
+
+__all__ = ["Model", "Generator"]
+
+Prompt = str | Sequence[int]
+
+
+def _resolve(source: str | os.PathLike[str] | None) -> str:
+    from edgerunner import builtin_models
+
+    if source is None:
+        return str(builtin_models.fetch(builtin_models.DEFAULT_MODEL))
+    source = os.fspath(source)
+    if os.path.exists(source):
+        return source
+    if source in builtin_models.ALIASES:
+        return str(builtin_models.fetch(source))
+    known = ", ".join(sorted(builtin_models.ALIASES))
+    raise FileNotFoundError(f"{source!r} is neither a file nor a built-in model name (built-in: {known})")
+
+
+class Model:
+    """A loaded GGUF model. Use :meth:`load` to make one."""
+
+    def __init__(self, path: str, native: Any, file: gguf.GGUFFile, tokenizer: Tokenizer,
+                 template: ChatTemplate | None):
+        self.path = path
+        self._native = native
+        self.file = file
+        self.tokenizer = tokenizer
+        self.chat_template = template
+        self._session = _core.Session(native)  # the session behind generate()/chat()/logits()
+        self._lock = threading.Lock()          # one step at a time per model
+
+    @classmethod
+    def load(cls, source: str | os.PathLike[str] | None = None, *, n_ctx: int | None = None,
+             kv_type: str = "f16", precise: bool = False, threads: int | None = None,
+             prefill_chunk: int = 256, backend: str = "auto") -> Model:
+        """Load a model.
+
+        Args:
+            source: a ``.gguf`` path or a built-in name (``edgerunner.builtin_models.ALIASES``);
+                None loads the default built-in model.
+            n_ctx: context length in tokens (default: the model's, capped at 4096).
+            kv_type: KV cache precision, ``"f16"`` (default), ``"f32"`` or ``"q8_0"``.
+            precise: float32 activations and KV cache, no activation quantization: slower, and
+                equal to a float32 reference within 1e-2 logits.
+            threads: CPU threads (default: all).
+            prefill_chunk: tokens per prefill step.
+            backend: ``"auto"`` or ``"cpu"`` (the only backend of this build).
+
+        Raises:
+            FileNotFoundError, edgerunner.GGUFError (malformed file), ValueError (unsupported
+            architecture, tensor type or option).
+        """
+        if backend not in ("auto", "cpu"):
+            raise ValueError(f"backend {backend!r} is not available in this build; available: auto, cpu")
+        path = _resolve(source)
+        file = gguf.open(path)
+        native = _core.Model.load(path, n_ctx=int(n_ctx or 0), kv_type=kv_type, precise=precise,
+                                  n_threads=int(threads or 0), prefill_chunk=int(prefill_chunk))
+        return cls(path, native, file, Tokenizer.from_gguf(file), ChatTemplate.from_gguf(file))
+
+    # ---- facts ---------------------------------------------------------------------------
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """Hyperparameters as the engine read them (arch, n_embd, n_layer, n_head, ...)."""
+        return self._native.config
+
+    @property
+    def n_ctx(self) -> int:
+        return self._native.n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self._native.config["n_vocab"]
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Model({os.path.basename(self.path)!r}, arch={c['arch']}, layers={c['n_layer']}, "
+                f"n_ctx={self.n_ctx}, kv={self._native.kv_type}{', precise' if self._native.precise else ''})")
+
+    # ---- tokens --------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text`` (with BOS/EOS as the model asks when ``add_special``)."""
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
+        return self.tokenizer.decode(list(ids), skip_special=skip_special)
+
+    def _ids(self, prompt: Prompt) -> np.ndarray:
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty: give some text or token ids")
+        return np.asarray(ids, dtype=np.int32)
+
+    # ---- logits --------------------------------------------------------------------------
+
+    def logits(self, prompt: Prompt, *, all_positions: bool = False) -> np.ndarray:
+        """Next-token logits after ``prompt`` (n_vocab,), or every position's (n, n_vocab).
+
+        Reuses the cached prefix of the previous call where it can.
+        """
+        ids = self._ids(prompt)
+        with self._lock:
+            if all_positions:
+                return self._session.eval_all(ids)
+            self._session.eval(ids)
+            return self._session.logits()
+
+    # ---- generation ----------------------------------------------------------------------
+
+    def generate(self, prompt: Prompt, *, max_tokens: int = 256, stream: bool = False,
+                 stop: str | Sequence[str] = (), ignore_eos: bool = False, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0, penalty_last_n: int = 64,
+                 logit_bias: Mapping[int, float] | None = None, seed: int | None = None) -> str | Iterator[str]:
+        """Continue ``prompt`` (text, tokenized with the model's BOS rules, or token ids).
+
+        Greedy by default (``temperature=0``). Stops after ``max_tokens``, at an end-of-turn or
+        EOS token (unless ``ignore_eos``), at any of the ``stop`` strings (not included in the
+        output), or when the context is full. ``seed=None`` draws a random seed; a fixed seed
+        gives the same text every time. ``stream=True`` returns an iterator of text pieces
+        (never half a UTF-8 character); otherwise the whole text.
+
+        Raises:
+            edgerunner.ContextLengthError: the prompt does not fit in ``n_ctx``.
+        """
+        return self._generate(self._session, self._ids(prompt), max_tokens=max_tokens, stream=stream, stop=stop,
+                              ignore_eos=ignore_eos, temperature=temperature, top_k=top_k, top_p=top_p,
+                              min_p=min_p, repetition_penalty=repetition_penalty,
+                              presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                              penalty_last_n=penalty_last_n, logit_bias=logit_bias, seed=seed)
+
+    def _generate(self, session: Any, ids: np.ndarray, *, max_tokens: int = 256, stream: bool = False,
+                  stop: str | Sequence[str] = (), ignore_eos: bool = False, seed: int | None = None,
+                  logit_bias: Mapping[int, float] | None = None, on_done: Any = None,
+                  **sampling: Any) -> str | Iterator[str]:
+        params = SamplingParams(logit_bias=logit_bias or {}, seed=random.getrandbits(63) if seed is None else seed,
+                                **sampling)
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        stops = [stop] if isinstance(stop, str) else list(stop)
+        if any(not s for s in stops):
+            raise ValueError("stop strings must be non-empty")
+        pieces = _stream(self, session, ids, params, max_tokens, stops, ignore_eos, on_done)
+        return pieces if stream else "".join(pieces)
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], *, template_fallback: bool = False,
+             **kwargs: Any) -> str | Iterator[str]:
+        """Reply to ``messages`` (``[{"role": "user", "content": "..."}]``) using the model's own
+        chat template. Keywords are those of :meth:`generate`.
+
+        A model without a chat template raises ``ChatTemplateError`` unless
+        ``template_fallback=True``, which uses a generic ChatML template.
+        """
+        return self.generate(self.render_chat(messages, template_fallback=template_fallback), **kwargs)
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
+                    template_fallback: bool = False) -> list[int]:
+        """The token ids of ``messages`` rendered with the chat template."""
+        template = self.chat_template
+        if template is None:
+            if not template_fallback:
+                raise ChatTemplateError(
+                    f"{os.path.basename(self.path)} has no chat template (tokenizer.chat_template); use "
+                    "generate() with plain text, or pass template_fallback=True to use a generic ChatML template")
+            template = ChatTemplate.default(self.tokenizer.token_to_piece(self.tokenizer.bos_id)
+                                            if self.tokenizer.bos_id is not None else "",
+                                            self.tokenizer.token_to_piece(self.tokenizer.eos_id)
+                                            if self.tokenizer.eos_id is not None else "")
+        text = template.render(validate_messages(messages), add_generation_prompt=add_generation_prompt)
+        # The template prints BOS itself where the model wants one.
+        return self.tokenize(text, add_special=False, parse_special=True)
+
+    def session(self, system: str | None = None) -> Generator:
+        """A multi-turn conversation with its own KV cache (see :class:`Generator`)."""
+        return Generator(self, system=system)
+
+
+class Generator:
+    """A stateful conversation: ``send`` a user message, get the reply; each turn reuses the
+    KV cache of the conversation so far (only the new turn's tokens are processed)."""
+
+    def __init__(self, model: Model, *, system: str | None = None):
+        self.model = model
+        self.messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+        self._session = _core.Session(model._native)
+
+    def send(self, content: str, *, stream: bool = False, template_fallback: bool = False,
+             **kwargs: Any) -> str | Iterator[str]:
+        """Add a user message and reply to it. The reply joins ``messages`` when it is complete."""
+        self.messages.append({"role": "user", "content": content})
+        ids = np.asarray(self.model.render_chat(self.messages, template_fallback=template_fallback), np.int32)
+
+        def done(reply: str) -> None:
+            self.messages.append({"role": "assistant", "content": reply})
+
+        return self.model._generate(self._session, ids, stream=stream, on_done=done, **kwargs)
+
+    def reset(self) -> None:
+        """Forget the conversation (the system message stays)."""
+        self.messages = [m for m in self.messages if m["role"] == "system"]
+
+
+def _stream(model: Model, session: Any, ids: np.ndarray, params: SamplingParams, max_tokens: int,
+            stops: list[str], ignore_eos: bool, on_done: Any = None) -> Iterator[str]:
+    """The generation loop: prefill (reusing the cached prefix), then sample/append per token."""
+    if len(ids) > model.n_ctx:
+        raise ContextLengthError(f"the prompt has {len(ids)} tokens but the context holds {model.n_ctx}; "
+                                 "load the model with a larger n_ctx or shorten the prompt")
+    sampler = params.sampler(model.n_vocab)
+    end_ids = frozenset() if ignore_eos else model.tokenizer.eot_ids
+    decoder = model.tokenizer.stream(skip_special=True)
+    hold = max((len(s) for s in stops), default=1) - 1  # text that might still become a stop string
+
+    def run() -> Iterator[str]:
+        text = []
+        for piece in pieces():
+            text.append(piece)
+            yield piece
+        if on_done is not None:
+            on_done("".join(text))
+
+    def pieces() -> Iterator[str]:
+        with model._lock:
+            session.eval(ids)
+            pending = ""
+            for i in range(max_tokens):
+                token = session.sample(sampler)
+                if token in end_ids:
+                    break
+                pending += decoder.feed(token)
+                if stops:
+                    cut = min((p for p in (pending.find(s) for s in stops) if p >= 0), default=-1)
+                    if cut >= 0:
+                        if pending[:cut]:
+                            yield pending[:cut]
+                        return
+                    if len(pending) > hold:
+                        yield pending[: len(pending) - hold]
+                        pending = pending[len(pending) - hold:]
+                elif pending:
+                    yield pending
+                    pending = ""
+                if len(session.tokens) >= model.n_ctx or i == max_tokens - 1:
+                    break
+                session.append(token)
+            pending += decoder.flush()
+            if stops:
+                cut = min((p for p in (pending.find(s) for s in stops) if p >= 0), default=-1)
+                if cut >= 0:
+                    pending = pending[:cut]
+            if pending:
+                yield pending
+
+    return run()
