@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pathlib
 
+import numpy as np
 import pytest
 
 from edgerunner import gguf
@@ -311,3 +312,41 @@ def test_decode_rejects_ids_outside_the_vocabulary(tiny_files):
     for bad in (-1, tok.vocab_size):
         with pytest.raises(ValueError, match="outside the vocabulary"):
             tok.decode([bad])
+
+
+def _small_spm_metadata() -> dict:
+    """A SentencePiece ('llama') vocabulary in llama.cpp's layout: merges come from the scores."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    scores = [0.0, 0.0, 0.0] + [0.0] * 256
+    words = ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "ll", "▁he", "llo", "▁hello", "▁w", "or", "ld", "▁wor", "▁world"]
+    tokens += words
+    types += [1] * len(words)
+    scores += [-float(i) for i in range(len(words))]
+    return {
+        "general.architecture": "llama",
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": np.array(types, np.int32),
+        "tokenizer.ggml.scores": np.array(scores, np.float32),
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+    }
+
+
+def test_sentencepiece_prefix_space_and_byte_fallback():
+    tok = Tokenizer.from_gguf(_FakeFile(_small_spm_metadata()))
+    ids = {t: i for i, t in enumerate(_small_spm_metadata()["tokenizer.ggml.tokens"])}
+    assert tok.add_bos  # llama.cpp's default for SentencePiece vocabularies
+    assert tok.encode("hello world") == [1, ids["▁hello"], ids["▁world"]]
+    # a space is prefixed at the start and after every special token, as llama.cpp does
+    assert tok.encode("</s>hello", add_special=False) == [2, ids["▁hello"]]
+    assert tok.encode("hé", add_special=False) == [ids["▁h"], ids["<0xC3>"], ids["<0xA9>"]]
+    all_ids = tok.encode("hello héllo world")
+    assert tok.decode(all_ids) == "<s> hello héllo world"  # the prefix space is only dropped from a first text token
+    assert tok.decode(all_ids, skip_special=True) == "hello héllo world"
+    stream = tok.stream(skip_special=True)
+    chunks = [stream.feed(i) for i in all_ids]
+    assert chunks[:2] == ["", "hello"] and "" in chunks  # é waits for its second byte
+    assert "".join(chunks) + stream.flush() == "hello héllo world"

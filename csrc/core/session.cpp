@@ -37,6 +37,9 @@ std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
     model->impl_ = std::make_unique<Impl>(Impl{GGUFFile::open(path), {}, {}, options, 0, {}, {}, nullptr});
     Impl& m = *model->impl_;
     m.config = read_model_config(m.file);
+    if (!options.precise && parse_kv_type(options.kv_type) == KvType::Q8_0 && m.config.head_dim % 32 != 0)
+        throw std::invalid_argument("KV cache type q8_0 needs a head size that is a multiple of 32 (this model's is " +
+                                    std::to_string(m.config.head_dim) + "); use f16");
     m.weights = bind_weights(m.file, m.config);
     m.n_ctx = options.n_ctx ? options.n_ctx : std::min(m.config.n_ctx_train, kDefaultMaxContext);
     const int64_t chunk = std::min(options.prefill_chunk, m.n_ctx);
