@@ -319,7 +319,8 @@ def _small_spm_metadata() -> dict:
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [2, 3, 3] + [6] * 256
     scores = [0.0, 0.0, 0.0] + [0.0] * 256
-    words = ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "ll", "▁he", "llo", "▁hello", "▁w", "or", "ld", "▁wor", "▁world"]
+    words = ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "ll", "▁he", "llo", "▁hello",
+             "▁w", "or", "ld", "▁wor", "▁world"]  # fmt: skip
     tokens += words
     types += [1] * len(words)
     scores += [-float(i) for i in range(len(words))]
