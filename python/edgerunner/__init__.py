@@ -15,7 +15,8 @@ from typing import Any
 from edgerunner.errors import ContextLengthError, GGUFError
 
 __version__ = "0.1.0"
-__all__ = ["Model", "Generator", "GGUFError", "ContextLengthError", "__version__"]
+__all__ = ["Model", "Generator", "GGUFError", "ContextLengthError", "TokenizerError", "ChatTemplateError",
+           "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -23,4 +24,12 @@ def __getattr__(name: str) -> Any:
         from edgerunner import model
 
         return getattr(model, name)
+    if name == "TokenizerError":
+        from edgerunner.tokenizer import TokenizerError
+
+        return TokenizerError
+    if name == "ChatTemplateError":
+        from edgerunner.chat_template import ChatTemplateError
+
+        return ChatTemplateError
     raise AttributeError(f"module 'edgerunner' has no attribute {name!r}")

@@ -37,9 +37,8 @@ DEFAULT_TEMPLATE = (
 NO_TEMPLATE_MESSAGE = (
     "this model has no chat template (no tokenizer.chat_template in its GGUF metadata), so it cannot "
     "format a conversation; it may be a base model meant for plain text completion. Use generate() "
-    "with a prompt string, or pass chat_template=... with a Jinja template, or opt in to the generic "
-    "ChatML fallback (edgerunner.chat_template.DEFAULT_TEMPLATE), which the model may not have been "
-    "trained on"
+    "with a prompt string, or pass template_fallback=True to use the generic ChatML template "
+    "(edgerunner.chat_template.DEFAULT_TEMPLATE), which the model may not have been trained on"
 )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from edgerunner import _core, gguf
-from edgerunner.chat_template import ChatTemplate, ChatTemplateError, validate_messages
+from edgerunner.chat_template import NO_TEMPLATE_MESSAGE, ChatTemplate, ChatTemplateError, validate_messages
 from edgerunner.errors import ContextLengthError
 from edgerunner.sampling import SamplingParams
 from edgerunner.tokenizer import Tokenizer
@@ -57,6 +57,10 @@ class Model:
         self.chat_template = template
         self._session = _core.Session(native)  # the session behind generate()/chat()/logits()
         self._lock = threading.Lock()          # one step at a time per model
+        # Facts about the latest generate/chat/send: mode (how the prompt was evaluated: reset,
+        # extend, decode or cached), prompt_tokens, new_tokens, finish_reason
+        # (stop, eos, length or context).
+        self.last_generation: dict[str, Any] = {}
 
     @classmethod
     def load(cls, source: str | os.PathLike[str] | None = None, *, n_ctx: int | None = None,
@@ -171,7 +175,8 @@ class Model:
         stops = [stop] if isinstance(stop, str) else list(stop)
         if any(not s for s in stops):
             raise ValueError("stop strings must be non-empty")
-        pieces = _stream(self, session, ids, params, max_tokens, stops, ignore_eos, on_done)
+        self.last_generation = {}
+        pieces = _stream(self, session, ids, params, max_tokens, stops, ignore_eos, on_done, self.last_generation)
         return pieces if stream else "".join(pieces)
 
     def chat(self, messages: Sequence[Mapping[str, Any]], *, template_fallback: bool = False,
@@ -190,9 +195,7 @@ class Model:
         template = self.chat_template
         if template is None:
             if not template_fallback:
-                raise ChatTemplateError(
-                    f"{os.path.basename(self.path)} has no chat template (tokenizer.chat_template); use "
-                    "generate() with plain text, or pass template_fallback=True to use a generic ChatML template")
+                raise ChatTemplateError(f"{os.path.basename(self.path)}: {NO_TEMPLATE_MESSAGE}")
             template = ChatTemplate.default(self.tokenizer.token_to_piece(self.tokenizer.bos_id)
                                             if self.tokenizer.bos_id is not None else "",
                                             self.tokenizer.token_to_piece(self.tokenizer.eos_id)
@@ -226,13 +229,18 @@ class Generator:
 
         return self.model._generate(self._session, ids, stream=stream, on_done=done, **kwargs)
 
+    @property
+    def last_turn(self) -> dict[str, Any]:
+        """Facts about the latest reply (see ``Model.last_generation``)."""
+        return self.model.last_generation
+
     def reset(self) -> None:
         """Forget the conversation (the system message stays)."""
         self.messages = [m for m in self.messages if m["role"] == "system"]
 
 
 def _stream(model: Model, session: Any, ids: np.ndarray, params: SamplingParams, max_tokens: int,
-            stops: list[str], ignore_eos: bool, on_done: Any = None) -> Iterator[str]:
+            stops: list[str], ignore_eos: bool, on_done: Any, info: dict[str, Any]) -> Iterator[str]:
     """The generation loop: prefill (reusing the cached prefix), then sample/append per token."""
     if len(ids) > model.n_ctx:
         raise ContextLengthError(f"the prompt has {len(ids)} tokens but the context holds {model.n_ctx}; "
@@ -252,16 +260,19 @@ def _stream(model: Model, session: Any, ids: np.ndarray, params: SamplingParams,
 
     def pieces() -> Iterator[str]:
         with model._lock:
-            session.eval(ids)
+            info.update(mode=session.eval(ids), prompt_tokens=len(ids), new_tokens=0, finish_reason="length")
             pending = ""
             for i in range(max_tokens):
                 token = session.sample(sampler)
                 if token in end_ids:
+                    info["finish_reason"] = "eos"
                     break
+                info["new_tokens"] = i + 1
                 pending += decoder.feed(token)
                 if stops:
                     cut = min((p for p in (pending.find(s) for s in stops) if p >= 0), default=-1)
                     if cut >= 0:
+                        info["finish_reason"] = "stop"
                         if pending[:cut]:
                             yield pending[:cut]
                         return
@@ -271,13 +282,17 @@ def _stream(model: Model, session: Any, ids: np.ndarray, params: SamplingParams,
                 elif pending:
                     yield pending
                     pending = ""
-                if len(session.tokens) >= model.n_ctx or i == max_tokens - 1:
+                if i == max_tokens - 1:
+                    break
+                if len(session.tokens) >= model.n_ctx:
+                    info["finish_reason"] = "context"
                     break
                 session.append(token)
             pending += decoder.flush()
             if stops:
                 cut = min((p for p in (pending.find(s) for s in stops) if p >= 0), default=-1)
                 if cut >= 0:
+                    info["finish_reason"] = "stop"
                     pending = pending[:cut]
             if pending:
                 yield pending

@@ -1,4 +1,4 @@
-"""The static core library works from C++ alone: build examples/gguf_summary and run it."""
+"""The static core library from C++ alone: the embedding example and the C++ tests."""
 
 from __future__ import annotations
 
@@ -24,14 +24,32 @@ def _tool(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def gguf_summary(tmp_path_factory) -> Path:
+def cpp_build(tmp_path_factory) -> Path:
     build = tmp_path_factory.mktemp("cpp-build")
     cmake = _tool("cmake")
     env = dict(os.environ, PATH=f"{Path(_tool('ninja')).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     subprocess.run([cmake, "-S", str(ROOT), "-B", str(build), "-G", "Ninja", "-DEDGERUNNER_EXAMPLES=ON",
-                    "-DEDGERUNNER_METAL=OFF"], check=True, capture_output=True, env=env)
-    subprocess.run([cmake, "--build", str(build), "--target", "gguf_summary"], check=True, capture_output=True, env=env)
-    return build / "examples" / "gguf_summary"
+                    "-DEDGERUNNER_TESTS=ON", "-DEDGERUNNER_METAL=OFF"], check=True, capture_output=True, env=env)
+    r = subprocess.run([cmake, "--build", str(build)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return build
+
+
+@pytest.fixture(scope="module")
+def gguf_summary(cpp_build) -> Path:
+    return cpp_build / "examples" / "gguf_summary"
+
+
+def test_decode_step_allocates_nothing(cpp_build, tmp_path):
+    """A counting global operator new around 32 decode steps (append + sample), fast and precise."""
+    from edgerunner.model_builder import write_random_model
+
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="qwen2", preset="tiny", tensor_type="Q4_K_M", seed=0, dim=256, ffn_dim=512)
+    r = subprocess.run([str(cpp_build / "tests" / "cpp" / "decode_no_alloc"), str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "fast: allocations during 32 decode steps: 0" in r.stdout
+    assert "precise: allocations during 32 decode steps: 0" in r.stdout
 
 
 def test_example_prints_summary(gguf_summary, tmp_path):

@@ -1,0 +1,108 @@
+"""The Python API and the CLI as a user meets them, on the real SmolLM2 model and tiny ones."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import edgerunner
+from edgerunner import Model
+from edgerunner.model_builder import write_random_model
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    # Precise mode, so greedy answers are transformers' answers (fast mode may flip near-ties,
+    # e.g. "The" 25.33 vs "L" 25.24 as the first token of the France answer).
+    return Model.load("smollm2-135m-instruct", threads=2, precise=True)
+
+
+@pytest.mark.slow
+def test_chat_and_multi_turn_prefix_reuse(smollm2):
+    reply = smollm2.chat([{"role": "user", "content": "What is the capital of France?"}], max_tokens=24, seed=0,
+                         temperature=0)
+    assert "Paris" in reply
+    assert smollm2.last_generation["finish_reason"] in ("eos", "length")
+
+    conv = smollm2.session(system="You are a concise assistant.")
+    first = conv.send("Name a color.", max_tokens=16, temperature=0)
+    assert conv.last_turn["mode"] == "reset"
+    prompt_1 = conv.last_turn["prompt_tokens"]
+    second = "".join(conv.send("Name another one.", max_tokens=16, temperature=0, stream=True))
+    assert conv.last_turn["mode"] == "extend"  # the first turn's tokens were reused
+    assert conv.last_turn["prompt_tokens"] > prompt_1
+    assert [m["role"] for m in conv.messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert conv.messages[2]["content"] == first and conv.messages[4]["content"] == second
+
+
+@pytest.mark.slow
+def test_streaming_equals_whole_text_and_stop_strings(smollm2):
+    kw = dict(max_tokens=40, temperature=0.9, seed=11)
+    whole = smollm2.generate("Write a list of fruits:\n1.", **kw)
+    assert "".join(smollm2.generate("Write a list of fruits:\n1.", stream=True, **kw)) == whole
+    cut = smollm2.generate("Write a list of fruits:\n1.", stop="\n", **kw)
+    assert "\n" not in cut and whole.startswith(cut)
+
+
+@pytest.mark.slow
+def test_logits_api(smollm2):
+    ids = smollm2.tokenize("Hello world")
+    last = smollm2.logits(ids)
+    every = smollm2.logits(ids, all_positions=True)
+    assert last.shape == (smollm2.n_vocab,) and every.shape == (len(ids), smollm2.n_vocab)
+    np.testing.assert_array_equal(every[-1], last)
+    assert smollm2.detokenize(ids, skip_special=True) == "Hello world"
+
+
+def test_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match="neither a file nor a built-in model"):
+        Model.load("no-such-model")
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", seed=0)
+    model = Model.load(path, n_ctx=32)
+    with pytest.raises(edgerunner.ContextLengthError, match="context holds 32"):
+        model.generate(list(range(40)))
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate("hi", temperature=-1)
+    with pytest.raises(ValueError, match="backend 'cuda' is not available"):
+        Model.load(path, backend="cuda")
+    with pytest.raises(ValueError, match="has no .role."):
+        model.chat([{"content": "no role"}])
+
+
+def run_cli(*args, timeout=300):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "edgerunner", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.slow
+def test_cli_run_with_the_default_model():
+    r = run_cli("run", "What is the capital of France?", "--temperature", "0", "-n", "24", "--precise")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+    assert "built-in default model" in r.stderr
+
+
+@pytest.mark.slow
+def test_cli_chat_keeps_the_conversation():
+    r = subprocess.run([sys.executable, "-m", "edgerunner", "chat", "--temperature", "0", "-n", "16", "--precise"],
+                       input="My name is Ada.\nWhat is my name?\n", capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "Ada" in r.stdout
+
+
+def test_cli_errors(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\0\0\0" + b"\xff" * 16)
+    r = run_cli("run", str(bad), "hi")
+    assert r.returncode == 1 and "edgerunner: error:" in r.stderr and "offset" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run_cli("run", "a", "b", "c")
+    assert r.returncode != 0 and "at most a model and one prompt" in r.stderr
+    r = run_cli()
+    assert r.returncode == 2 and "run" in r.stdout
