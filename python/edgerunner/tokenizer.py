@@ -92,7 +92,7 @@ _EOT_TEXTS = (
 )  # fmt: skip
 
 
-def _gpt2_byte_alphabet() -> dict[int, str]:
+def gpt2_byte_alphabet() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
     chars = {b: chr(b) for b in printable}
@@ -365,7 +365,7 @@ def _byte_level_bpe(
             f"{path}: a 'gpt2' (byte-level BPE) vocabulary needs tokenizer.ggml.merges, which is missing"
         )
 
-    to_char = _gpt2_byte_alphabet()
+    to_char = gpt2_byte_alphabet()
     to_byte = {c: b for b, c in to_char.items()}
     alphabet = set(to_char.values())
     vocab: dict[str, int] = {}
