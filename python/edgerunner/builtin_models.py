@@ -312,3 +312,26 @@ def fetch(alias: str, *, progress: Callable[[str], None] | None = None) -> pathl
     _record_verified(target, model.sha256)
     report(f"{alias}: ready at {target}")
     return target
+
+
+def resolve(source: str | os.PathLike[str] | None, *, progress: Callable[[str], None] | None = None) -> pathlib.Path:
+    """A model source as a local file: an existing path, or a built-in name fetched into the
+    cache (None: :data:`DEFAULT_MODEL`).
+
+    Raises:
+        FileNotFoundError: a path that does not exist, or a name that is not built in.
+    """
+    if source is None:
+        return fetch(DEFAULT_MODEL, progress=progress)
+    text = os.fspath(source)
+    if text in ALIASES:
+        return fetch(text, progress=progress)
+    path = pathlib.Path(text)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        raise IsADirectoryError(f"{text} is a directory; give the path of a .gguf file")
+    if os.sep in text or text.endswith(".gguf"):
+        raise FileNotFoundError(f"no such file: {text}")
+    known = ", ".join(sorted(ALIASES))
+    raise FileNotFoundError(f"{text!r} is neither a file nor a built-in model name (built-in: {known})")

@@ -26,25 +26,14 @@ def _human_count(n: int) -> str:
     return str(n)
 
 
-def resolve_model(source: str) -> str:
-    """A path to an existing file, or a built-in alias fetched into the cache."""
-    if os.path.exists(source) or os.sep in source or source.endswith(".gguf"):
-        return source
-    from edgerunner import builtin_models
-
-    if source in builtin_models.ALIASES:
-        return str(builtin_models.fetch(source, progress=lambda msg: print(msg, file=sys.stderr)))
-    known = ", ".join(sorted(builtin_models.ALIASES))
-    raise FileNotFoundError(f"{source!r} is neither a file nor a built-in model (built-in: {known})")
-
-
 def _print_summary(s: dict[str, Any], tensors: list | None) -> None:
     print(f"file          {s['path']} ({_human_bytes(s['file_size'])}, GGUF v{s['gguf_version']})")
     print(f"architecture  {s['architecture'] or '(not set)'}" + (f"  [{s['name']}]" if s["name"] else ""))
     print(f"parameters    {_human_count(s['parameters'])} in {s['tensor_count']} tensors "
           f"({_human_bytes(s['tensor_bytes'])})")
+    width = max((len(k) for k in s["hyperparameters"]), default=0) + 2
     for key, value in s["hyperparameters"].items():
-        print(f"  {key:<24}{value}")
+        print(f"  {key:<{width}}{value}")
     print("tensor types")
     for name, t in s["tensor_types"].items():
         print(f"  {name:<8}{t['count']:>6} tensors  {_human_bytes(t['bytes']):>10}")
@@ -65,7 +54,9 @@ def _print_summary(s: dict[str, Any], tensors: list | None) -> None:
 def cmd_info(args: argparse.Namespace) -> int:
     from edgerunner import gguf
 
-    f = gguf.open(resolve_model(args.model))
+    from edgerunner import builtin_models
+
+    f = gguf.open(builtin_models.resolve(args.model, progress=_say))
     summary = f.summary()
     if args.json:
         if args.tensors:
@@ -99,7 +90,7 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
 def _load(args: argparse.Namespace, source: str | None):
     from edgerunner import Model
 
-    return Model.load(resolve_model(source) if source else None, n_ctx=args.n_ctx, threads=args.threads,
+    return Model.load(source, n_ctx=args.n_ctx, threads=args.threads,
                       kv_type=args.kv_type, precise=args.precise)
 
 
@@ -190,9 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from edgerunner.builtin_models import ModelFetchError
+
     try:
         return args.func(args)
-    except (GGUFError, OSError, ValueError) as e:
+    except (GGUFError, OSError, ValueError, ModelFetchError) as e:
         print(f"edgerunner: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

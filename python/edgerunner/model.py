@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from edgerunner import _core, gguf
+from edgerunner import _core, builtin_models, gguf
 from edgerunner.chat_template import NO_TEMPLATE_MESSAGE, ChatTemplate, ChatTemplateError, validate_messages
 from edgerunner.errors import ContextLengthError
 from edgerunner.sampling import SamplingParams
@@ -28,21 +29,11 @@ from edgerunner.tokenizer import Tokenizer
 
 __all__ = ["Model", "Generator"]
 
+
+def _progress(message: str) -> None:
+    print(f"edgerunner: {message}", file=sys.stderr)
+
 Prompt = str | Sequence[int]
-
-
-def _resolve(source: str | os.PathLike[str] | None) -> str:
-    from edgerunner import builtin_models
-
-    if source is None:
-        return str(builtin_models.fetch(builtin_models.DEFAULT_MODEL))
-    source = os.fspath(source)
-    if os.path.exists(source):
-        return source
-    if source in builtin_models.ALIASES:
-        return str(builtin_models.fetch(source))
-    known = ", ".join(sorted(builtin_models.ALIASES))
-    raise FileNotFoundError(f"{source!r} is neither a file nor a built-in model name (built-in: {known})")
 
 
 class Model:
@@ -85,7 +76,7 @@ class Model:
         """
         if backend not in ("auto", "cpu"):
             raise ValueError(f"backend {backend!r} is not available in this build; available: auto, cpu")
-        path = _resolve(source)
+        path = str(builtin_models.resolve(source, progress=_progress))
         file = gguf.open(path)
         native = _core.Model.load(path, n_ctx=int(n_ctx or 0), kv_type=kv_type, precise=precise,
                                   n_threads=int(threads or 0), prefill_chunk=int(prefill_chunk))
