@@ -29,8 +29,17 @@ void quantize_act(ActFormat format, const float* x, void* dst, int64_t n);
 // row produced by quantize_act in act_format_for(type). Types without a kernel are rejected at
 // load time, never here.
 using DotFn = float (*)(const void* row, const void* x, int64_t n);
-DotFn dot_float_fn(TensorType type);  // weight dequantized block by block, float activations
-DotFn dot_quant_fn(TensorType type);  // integer dot against quantized activations
+
+// Instruction sets with kernels. best_isa() reads the CPU once; the environment variable
+// EDGERUNNER_ISA=scalar|avx2|avxvnni lowers it (for comparisons and benchmarks).
+enum class Isa { Scalar, Avx2, AvxVnni };
+Isa best_isa();
+const char* isa_name(Isa isa);
+Isa parse_isa(const char* name);  // throws std::invalid_argument for unknown or unsupported ones
+
+DotFn dot_float_fn(TensorType type);                          // precise: dequantize per block, float dot
+DotFn dot_quant_fn(TensorType type, Isa isa = best_isa());    // fast: the weight's activation format
+DotFn dot_quant_fn_scalar(TensorType type);                   // the reference the SIMD kernels equal
 
 // Decode one row of n elements (embedding look-ups).
 void dequantize_into(TensorType type, const void* row, float* y, int64_t n);

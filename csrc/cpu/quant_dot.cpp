@@ -366,7 +366,7 @@ void quantize_act(ActFormat format, const float* x, void* dst, int64_t n) {
     }
 }
 
-DotFn dot_quant_fn(TensorType type) {
+DotFn dot_quant_fn_scalar(TensorType type) {
     switch (type) {
         case TensorType::F32: return dot_f32;
         case TensorType::F16: return dot_f16;

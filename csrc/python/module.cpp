@@ -7,6 +7,8 @@ void bind_gguf(nb::module_& m);
 void bind_quants(nb::module_& m);
 void bind_sampler(nb::module_& m);
 void bind_engine(nb::module_& m);
+void bind_kernels(nb::module_& m);
+void bind_bandwidth(nb::module_& m);
 
 NB_MODULE(_core, m) {
     m.doc() = "edgerunner native core";
@@ -14,4 +16,6 @@ NB_MODULE(_core, m) {
     bind_quants(m);
     bind_sampler(m);
     bind_engine(m);
+    bind_kernels(m);
+    bind_bandwidth(m);
 }

@@ -1,0 +1,149 @@
+"""End-to-end benchmark, like llama-bench: prefill of N tokens (pp) and decode of M tokens (tg).
+
+    python -m bench MODEL [MODEL ...] [--threads 2] [--pp 512] [--tg 128] [--reps 5]
+                    [--peer PATH/llama-bench] [--json out.json]
+
+MODEL is a .gguf path or a built-in name. Each figure is the mean ± standard deviation over
+--reps repetitions after one warm-up. With --peer, llama.cpp's llama-bench runs on the same
+file in the same run and the table shows ours / peer. Decode is also shown as a share of the
+read-bandwidth roofline: weight bytes read per token / this machine's measured bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from edgerunner import _core, builtin_models, gguf
+
+
+def weight_bytes_per_token(f: gguf.GGUFFile) -> int:
+    """Bytes a decode step reads: every matrix, the LM head; of the embedding only one row."""
+    names = {t.name for t in f.tensors}
+    total = 0
+    for t in f.tensors:
+        if t.name == "token_embd.weight" and "output.weight" in names:
+            total += t.n_bytes // t.shape[1]
+        else:
+            total += t.n_bytes
+    return total
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "values": values}
+
+
+def bench_ours(path: str, args: argparse.Namespace) -> dict[str, Any]:
+    rss0 = rss_bytes()
+    model = _core.Model.load(path, n_ctx=max(args.pp, args.tg) + 8, n_threads=args.threads, kv_type=args.kv_type,
+                             prefill_chunk=args.chunk)
+    session = _core.Session(model)
+    n_vocab = model.config["n_vocab"]
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, n_vocab, size=args.pp).astype(np.int32)
+    session.eval(prompt[:16])  # warm-up: touches the weights and every kernel once
+    rss_loaded = rss_bytes() - rss0
+
+    pp = []
+    for rep in range(args.reps + 1):
+        session.rewind(0)
+        t0 = time.perf_counter()
+        session.eval(prompt)
+        dt = time.perf_counter() - t0
+        if rep:
+            pp.append(args.pp / dt)
+    greedy = _core.Sampler(n_vocab)
+    tg = []
+    for rep in range(args.reps + 1):
+        session.rewind(0)
+        session.eval(prompt[:1])
+        t0 = time.perf_counter()
+        session.generate(greedy, args.tg + 1, [])  # tg decode steps (+ greedy sampling)
+        dt = time.perf_counter() - t0
+        if rep:
+            tg.append(args.tg / dt)
+    return {"pp": stats(pp), "tg": stats(tg), "rss_after_load": rss_loaded, "isa": _core.cpu_isa()}
+
+
+def bench_peer(peer: str, path: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [peer, "-m", path, "-p", str(args.pp), "-n", str(args.tg), "-t", str(args.threads),
+           "-r", str(args.reps), "-o", "json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    result: dict[str, Any] = {"command": " ".join(cmd)}
+    for row in json.loads(out):
+        key = "pp" if row["n_prompt"] and not row["n_gen"] else "tg"
+        samples = row.get("samples_ts") or [row["avg_ts"]]
+        result[key] = {"mean": row["avg_ts"], "std": row["stddev_ts"], "values": samples,
+                       "median": statistics.median(samples)}
+        result["build"] = row.get("build_commit")
+    return result
+
+
+def fmt(s: dict[str, float] | None) -> str:
+    return "–" if not s else f"{s['mean']:.1f} ± {s['std']:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("models", nargs="+", help=".gguf paths or built-in names")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--pp", type=int, default=512)
+    p.add_argument("--tg", type=int, default=128)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--chunk", type=int, default=512, help="prefill chunk (tokens per step)")
+    p.add_argument("--kv-type", default="f16")
+    p.add_argument("--peer", help="llama.cpp's llama-bench binary, run on the same files")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+
+    bandwidth = _core.read_bandwidth(1 << 30, args.threads, 5)
+    report: dict[str, Any] = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
+                              "read_bandwidth_gbs": bandwidth, "pp": args.pp, "tg": args.tg, "models": []}
+    print(f"read bandwidth ({args.threads} threads): {bandwidth:.1f} GB/s; kernels: {_core.cpu_isa()}\n")
+    print(f"| model | ours pp{args.pp} tok/s | ours tg{args.tg} tok/s | roofline % |"
+          + (f" peer pp{args.pp} | peer tg{args.tg} | pp ratio | tg ratio |" if args.peer else ""))
+    print("| --- | --- | --- | --- |" + (" --- | --- | --- | --- |" if args.peer else ""))
+    for source in args.models:
+        path = str(builtin_models.resolve(source))
+        f = gguf.open(path)
+        per_token = weight_bytes_per_token(f)
+        ours = bench_ours(path, args)
+        roofline = bandwidth * 1e9 / per_token
+        row: dict[str, Any] = {"model": os.path.basename(path), "file_size": f.file_size,
+                               "weight_bytes_per_token": per_token, "roofline_tok_s": roofline, "ours": ours}
+        line = (f"| {row['model']} | {fmt(ours['pp'])} | {fmt(ours['tg'])} | "
+                f"{100 * ours['tg']['mean'] / roofline:.0f} % of {roofline:.0f} |")
+        if args.peer:
+            peer = bench_peer(args.peer, path, args)
+            row["peer"] = peer
+            row["ratio"] = {k: ours[k]["mean"] / peer[k]["mean"] for k in ("pp", "tg")}
+            line += (f" {fmt(peer['pp'])} | {fmt(peer['tg'])} | {row['ratio']['pp']:.2f} × |"
+                     f" {row['ratio']['tg']:.2f} × |")
+        print(line, flush=True)
+        report["models"].append(row)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+// Run-time choice of the dot-product kernels for this CPU.
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kernels.h"
+
+namespace edgerunner::cpu {
+
+#if defined(ER_HAVE_X86_KERNELS)
+namespace avx2 { DotFn dot_fn(TensorType type); }
+namespace avxvnni { DotFn dot_fn(TensorType type); }
+#endif
+
+namespace {
+
+Isa detect() {
+#if defined(ER_HAVE_X86_KERNELS)
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (avx2 && __builtin_cpu_supports("avxvnni")) return Isa::AvxVnni;
+    if (avx2) return Isa::Avx2;
+#endif
+    return Isa::Scalar;
+}
+
+Isa cpu_isa() {
+    static const Isa isa = detect();
+    return isa;
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::Scalar: return "scalar";
+        case Isa::Avx2: return "avx2";
+        case Isa::AvxVnni: return "avxvnni";
+    }
+    return "?";
+}
+
+Isa parse_isa(const char* name) {
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::AvxVnni}) {
+        if (std::strcmp(name, isa_name(isa)) != 0) continue;
+        if (static_cast<int>(isa) > static_cast<int>(cpu_isa()))
+            throw std::invalid_argument(std::string("instruction set '") + name + "' is not available on this CPU (best: " +
+                                        isa_name(cpu_isa()) + ")");
+        return isa;
+    }
+    throw std::invalid_argument(std::string("unknown instruction set '") + name + "'; known: scalar, avx2, avxvnni");
+}
+
+Isa best_isa() {
+    static const Isa isa = [] {
+        const char* env = std::getenv("EDGERUNNER_ISA");
+        return env && *env ? parse_isa(env) : cpu_isa();
+    }();
+    return isa;
+}
+
+DotFn dot_quant_fn(TensorType type, Isa isa) {
+    DotFn fn = nullptr;
+#if defined(ER_HAVE_X86_KERNELS)
+    if (isa == Isa::AvxVnni) fn = avxvnni::dot_fn(type);
+    if (isa == Isa::Avx2) fn = avx2::dot_fn(type);
+#endif
+    return fn ? fn : dot_quant_fn_scalar(type);
+}
+
+}  // namespace edgerunner::cpu

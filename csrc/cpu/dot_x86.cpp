@@ -1,0 +1,406 @@
+// x86 dot products: AVX2 (+FMA, F16C), built twice: once for plain AVX2 (int8 products by
+// maddubs + madd) and once with AVX-VNNI (one dpbusd). ER_ISA names the variant's namespace;
+// dispatch.cpp picks one at run time. Same results as quant_dot.cpp's scalar kernels: the
+// integer sums are identical, only the float accumulation order differs.
+//
+// Layout reminders (edgerunner/quant_blocks.h): 32-element formats keep element j in the low
+// nibble of qs[j] and element j+16 in the high nibble; Q4_K/Q5_K sub-blocks 2g and 2g+1 are
+// the low and high nibbles of the 32 bytes qs[32g..]; Q8_K activations carry 16-element sums.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "edgerunner/quant_blocks.h"
+#include "kernels.h"
+
+#ifndef ER_ISA
+#error "define ER_ISA (avx2 or avxvnni)"
+#endif
+
+namespace edgerunner::cpu::ER_ISA {
+namespace {
+
+inline float h2f(er_half h) { return _cvtsh_ss(h); }
+
+// Sum of the 8 int32 lanes of u8 × s8 products of 32 byte pairs, 4 pairs per lane.
+inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// s8 × s8 via the sign trick: |a| is unsigned, b takes a's sign.
+inline __m256i dot_s8s8(__m256i a, __m256i b) {
+    return dot_u8s8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+}
+
+inline float hsum(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+inline int hsum_i32(__m256i v) {
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(x);
+}
+
+// 16 bytes of nibbles → 32 bytes: elements 0-15 (low nibbles) then 16-31 (high nibbles).
+inline __m256i nibbles(const uint8_t* qs) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m128i lo = _mm_and_si128(x, _mm_set1_epi8(0x0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(x, 4), _mm_set1_epi8(0x0F));
+    return _mm256_set_m128i(hi, lo);
+}
+
+// The 32 bits of qh → 32 bytes, 0x10 where the bit is set (Q5_0 / Q5_1's fifth bit).
+inline __m256i fifth_bits(const uint8_t* qh) {
+    uint32_t bits;
+    std::memcpy(&bits, qh, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), shuf);
+    const __m256i mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+    b = _mm256_or_si256(b, mask);
+    b = _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
+}
+
+inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+const float* q8_0_sums(const void* x, int64_t nb) {
+    return reinterpret_cast<const float*>(static_cast<const block_q8_0*>(x) + nb);
+}
+
+}  // namespace
+
+float dot_q4_0(const void* row, const void* xv, int64_t n) {
+    const auto* w = static_cast<const block_q4_0*>(row);
+    const auto* a = static_cast<const block_q8_0*>(xv);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / QK4_0; ++b) {
+        const __m256i q = _mm256_sub_epi8(nibbles(w[b].qs), _mm256_set1_epi8(8));
+        const __m256 p = _mm256_cvtepi32_ps(dot_s8s8(q, load32(a[b].qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * h2f(a[b].d)), p, acc);
+    }
+    return hsum(acc);
+}
+
+float dot_q4_1(const void* row, const void* xv, int64_t n) {
+    const auto* w = static_cast<const block_q4_1*>(row);
+    const auto* a = static_cast<const block_q8_0*>(xv);
+    const int64_t nb = n / QK4_1;
+    const float* asum = q8_0_sums(xv, nb);
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0;
+    for (int64_t b = 0; b < nb; ++b) {
+        const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(nibbles(w[b].qs), load32(a[b].qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * h2f(a[b].d)), p, acc);
+        mins += h2f(w[b].m) * asum[b];
+    }
+    return hsum(acc) + mins;
+}
+
+float dot_q5_0(const void* row, const void* xv, int64_t n) {
+    const auto* w = static_cast<const block_q5_0*>(row);
+    const auto* a = static_cast<const block_q8_0*>(xv);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / QK5_0; ++b) {
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nibbles(w[b].qs), fifth_bits(w[b].qh)), _mm256_set1_epi8(16));
+        const __m256 p = _mm256_cvtepi32_ps(dot_s8s8(q, load32(a[b].qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * h2f(a[b].d)), p, acc);
+    }
+    return hsum(acc);
+}
+
+float dot_q5_1(const void* row, const void* xv, int64_t n) {
+    const auto* w = static_cast<const block_q5_1*>(row);
+    const auto* a = static_cast<const block_q8_0*>(xv);
+    const int64_t nb = n / QK5_1;
+    const float* asum = q8_0_sums(xv, nb);
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0;
+    for (int64_t b = 0; b < nb; ++b) {
+        const __m256i q = _mm256_or_si256(nibbles(w[b].qs), fifth_bits(w[b].qh));
+        const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(q, load32(a[b].qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * h2f(a[b].d)), p, acc);
+        mins += h2f(w[b].m) * asum[b];
+    }
+    return hsum(acc) + mins;
+}
+
+float dot_q8_0(const void* row, const void* xv, int64_t n) {
+    const auto* w = static_cast<const block_q8_0*>(row);
+    const auto* a = static_cast<const block_q8_0*>(xv);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / QK8_0; ++b) {
+        const __m256 p = _mm256_cvtepi32_ps(dot_s8s8(load32(w[b].qs), load32(a[b].qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * h2f(a[b].d)), p, acc);
+    }
+    return hsum(acc);
+}
+
+float dot_iq4_nl(const void* row, const void* xv, int64_t n) {
+    const auto* w = static_cast<const block_iq4_nl*>(row);
+    const auto* a = static_cast<const block_q8_0*>(xv);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kvalues_iq4nl)));
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / QK4_NL; ++b) {
+        const __m256i q = _mm256_shuffle_epi8(table, nibbles(w[b].qs));
+        const __m256 p = _mm256_cvtepi32_ps(dot_s8s8(q, load32(a[b].qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * h2f(a[b].d)), p, acc);
+    }
+    return hsum(acc);
+}
+
+// ---- k-quants ---------------------------------------------------------------------------
+
+namespace {
+
+inline void k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// Σ over 32 elements of u8 weights × s8 activations (one sub-block), as int.
+inline int sub_dot(__m256i w_u8, const int8_t* x) { return hsum_i32(dot_u8s8(w_u8, load32(x))); }
+
+}  // namespace
+
+template <bool kFiveBit, typename Block>
+float dot_q45_K(const Block* w, const block_q8_K* a, int64_t n) {
+    float sum = 0;
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        __m256i isum = _mm256_setzero_si256();
+        int msum = 0;
+        __m256i qh;
+        if constexpr (kFiveBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh));
+        for (int g = 0; g < 4; ++g) {
+            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * g));
+            __m256i lo = _mm256_and_si256(q, low4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+            if constexpr (kFiveBit) {
+                // bit (2g) of qh[l] is bit 4 of sub-block 2g's element l, bit 2g+1 of 2g+1's
+                const __m256i one = _mm256_set1_epi8(1);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
+            }
+            int sc0, m0, sc1, m1;
+            k_scale_min(w[b].scales, 2 * g, &sc0, &m0);
+            k_scale_min(w[b].scales, 2 * g + 1, &sc1, &m1);
+            const __m256i p0 = dot_u8s8(lo, load32(a[b].qs + 64 * g));
+            const __m256i p1 = dot_u8s8(hi, load32(a[b].qs + 64 * g + 32));
+            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(p0, _mm256_set1_epi32(sc0)));
+            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(p1, _mm256_set1_epi32(sc1)));
+            msum += m0 * (a[b].bsums[4 * g] + a[b].bsums[4 * g + 1]) + m1 * (a[b].bsums[4 * g + 2] + a[b].bsums[4 * g + 3]);
+        }
+        sum += a[b].d * (h2f(w[b].d) * static_cast<float>(hsum_i32(isum)) - h2f(w[b].dmin) * static_cast<float>(msum));
+    }
+    return sum;
+}
+
+float dot_q4_K(const void* row, const void* xv, int64_t n) {
+    return dot_q45_K<false>(static_cast<const block_q4_K*>(row), static_cast<const block_q8_K*>(xv), n);
+}
+
+float dot_q5_K(const void* row, const void* xv, int64_t n) {
+    return dot_q45_K<true>(static_cast<const block_q5_K*>(row), static_cast<const block_q8_K*>(xv), n);
+}
+
+float dot_q6_K(const void* row, const void* xv, int64_t n) {
+    const auto* w = static_cast<const block_q6_K*>(row);
+    const auto* a = static_cast<const block_q8_K*>(xv);
+    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+    float sum = 0;
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        int isum = 0;
+        for (int h = 0; h < 2; ++h) {
+            const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].ql + 64 * h));
+            const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh + 32 * h));
+            // element h*128 + s*32 + l: nibble of ql[h*64 + (s%2)*32 + l] (high for s >= 2), 2 bits at 2s of qh
+            const __m256i lo4[4] = {_mm256_and_si256(ql0, low4), _mm256_and_si256(ql1, low4),
+                                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4)};
+            for (int s = 0; s < 4; ++s) {
+                const __m256i hi2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), two), 4);
+                const __m256i q = _mm256_or_si256(lo4[s], hi2);  // 0..63; the -32 comes from bsums
+                const int8_t* x = a[b].qs + h * 128 + s * 32;
+                // two sub-blocks of 16 with their own scales: split the 32-wide dot in halves
+                const __m256i prod = dot_u8s8(q, load32(x));
+                const __m128i lo = _mm256_castsi256_si128(prod), hi = _mm256_extracti128_si256(prod, 1);
+                const int sb = h * 8 + s * 2;
+                auto sum4 = [](__m128i v) {
+                    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
+                    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
+                    return _mm_cvtsi128_si32(v);
+                };
+                isum += w[b].scales[sb] * (sum4(lo) - 32 * a[b].bsums[sb]) +
+                        w[b].scales[sb + 1] * (sum4(hi) - 32 * a[b].bsums[sb + 1]);
+            }
+        }
+        sum += h2f(w[b].d) * a[b].d * static_cast<float>(isum);
+    }
+    return sum;
+}
+
+float dot_q2_K(const void* row, const void* xv, int64_t n) {
+    const auto* w = static_cast<const block_q2_K*>(row);
+    const auto* a = static_cast<const block_q8_K*>(xv);
+    const __m256i two = _mm256_set1_epi8(3);
+    float sum = 0;
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        int isum = 0, msum = 0;
+        for (int g = 0; g < 2; ++g) {
+            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * g));
+            for (int s = 0; s < 4; ++s) {
+                const __m256i v = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), two);
+                const __m256i prod = dot_u8s8(v, load32(a[b].qs + g * 128 + s * 32));
+                const __m128i lo = _mm256_castsi256_si128(prod), hi = _mm256_extracti128_si256(prod, 1);
+                auto sum4 = [](__m128i x) {
+                    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
+                    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
+                    return _mm_cvtsi128_si32(x);
+                };
+                const int sb = g * 8 + s * 2;
+                isum += (w[b].scales[sb] & 0xF) * sum4(lo) + (w[b].scales[sb + 1] & 0xF) * sum4(hi);
+                msum += (w[b].scales[sb] >> 4) * a[b].bsums[sb] + (w[b].scales[sb + 1] >> 4) * a[b].bsums[sb + 1];
+            }
+        }
+        sum += a[b].d * (h2f(w[b].d) * static_cast<float>(isum) - h2f(w[b].dmin) * static_cast<float>(msum));
+    }
+    return sum;
+}
+
+float dot_q3_K(const void* row, const void* xv, int64_t n) {
+    const auto* w = static_cast<const block_q3_K*>(row);
+    const auto* a = static_cast<const block_q8_K*>(xv);
+    const __m256i two = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    float sum = 0;
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        const uint8_t* sc = w[b].scales;
+        const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].hmask));
+        int isum = 0;
+        for (int g = 0; g < 2; ++g) {
+            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * g));
+            for (int s = 0; s < 4; ++s) {
+                // q + 4 * hbit is 0..7; the -4 comes from bsums
+                const __m256i hbit = _mm256_and_si256(_mm256_srli_epi16(hm, g * 4 + s), one);
+                const __m256i v = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * s), two), _mm256_slli_epi16(hbit, 2));
+                const __m256i prod = dot_u8s8(v, load32(a[b].qs + g * 128 + s * 32));
+                const __m128i lo = _mm256_castsi256_si128(prod), hi = _mm256_extracti128_si256(prod, 1);
+                auto sum4 = [](__m128i x) {
+                    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
+                    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
+                    return _mm_cvtsi128_si32(x);
+                };
+                for (int half = 0; half < 2; ++half) {
+                    const int sb = g * 8 + s * 2 + half;
+                    const int lo4 = (sc[sb % 8] >> (4 * (sb / 8))) & 0xF;
+                    const int hi2 = (sc[8 + sb % 4] >> (2 * (sb / 4))) & 3;
+                    isum += ((lo4 | hi2 << 4) - 32) * ((half ? sum4(hi) : sum4(lo)) - 4 * a[b].bsums[sb]);
+                }
+            }
+        }
+        sum += h2f(w[b].d) * a[b].d * static_cast<float>(isum);
+    }
+    return sum;
+}
+
+float dot_iq4_xs(const void* row, const void* xv, int64_t n) {
+    const auto* w = static_cast<const block_iq4_xs*>(row);
+    const auto* a = static_cast<const block_q8_K*>(xv);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kvalues_iq4nl)));
+    float sum = 0;
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        __m256i isum = _mm256_setzero_si256();
+        for (int sb = 0; sb < 8; ++sb) {
+            const int lo = (w[b].scales_l[sb / 2] >> (4 * (sb % 2))) & 0xF;
+            const int hi = (w[b].scales_h >> (2 * sb)) & 3;
+            const __m256i q = _mm256_shuffle_epi8(table, nibbles(w[b].qs + 16 * sb));
+            const __m256i p = dot_s8s8(q, load32(a[b].qs + 32 * sb));
+            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(p, _mm256_set1_epi32((lo | hi << 4) - 32)));
+        }
+        sum += h2f(w[b].d) * a[b].d * static_cast<float>(hsum_i32(isum));
+    }
+    return sum;
+}
+
+float dot_q8_K(const void* row, const void* xv, int64_t n) {
+    const auto* w = static_cast<const block_q8_K*>(row);
+    const auto* a = static_cast<const block_q8_K*>(xv);
+    float sum = 0;
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        __m256i isum = _mm256_setzero_si256();
+        for (int j = 0; j < QK_K; j += 32) isum = _mm256_add_epi32(isum, dot_s8s8(load32(w[b].qs + j), load32(a[b].qs + j)));
+        sum += w[b].d * a[b].d * static_cast<float>(hsum_i32(isum));
+    }
+    return sum;
+}
+
+// ---- float activations ----------------------------------------------------------------------
+
+float dot_f32(const void* row, const void* xv, int64_t n) {
+    const auto* w = static_cast<const float*>(row);
+    const auto* x = static_cast<const float*>(xv);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), acc1);
+    }
+    float s = hsum(_mm256_add_ps(acc0, acc1));
+    for (; i < n; ++i) s += w[i] * x[i];
+    return s;
+}
+
+float dot_f16(const void* row, const void* xv, int64_t n) {
+    const auto* w = static_cast<const uint16_t*>(row);
+    const auto* x = static_cast<const float*>(xv);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 wf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i)));
+        acc = _mm256_fmadd_ps(wf, _mm256_loadu_ps(x + i), acc);
+    }
+    float s = hsum(acc);
+    for (; i < n; ++i) s += _cvtsh_ss(w[i]) * x[i];
+    return s;
+}
+
+}  // namespace edgerunner::cpu::ER_ISA
+
+namespace edgerunner::cpu::ER_ISA {
+
+DotFn dot_fn(TensorType type) {
+    switch (type) {
+        case TensorType::F32: return dot_f32;
+        case TensorType::F16: return dot_f16;
+        case TensorType::Q4_0: return dot_q4_0;
+        case TensorType::Q4_1: return dot_q4_1;
+        case TensorType::Q5_0: return dot_q5_0;
+        case TensorType::Q5_1: return dot_q5_1;
+        case TensorType::Q8_0: return dot_q8_0;
+        case TensorType::IQ4_NL: return dot_iq4_nl;
+        case TensorType::Q2_K: return dot_q2_K;
+        case TensorType::Q3_K: return dot_q3_K;
+        case TensorType::Q4_K: return dot_q4_K;
+        case TensorType::Q5_K: return dot_q5_K;
+        case TensorType::Q6_K: return dot_q6_K;
+        case TensorType::Q8_K: return dot_q8_K;
+        case TensorType::IQ4_XS: return dot_iq4_xs;
+        default: return nullptr;  // BF16: the scalar kernel
+    }
+}
+
+}  // namespace edgerunner::cpu::ER_ISA

@@ -1,0 +1,73 @@
+// Test hooks for the CPU kernels: one row dot product through a chosen instruction set, so the
+// SIMD kernels can be compared with the scalar reference from Python.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../cpu/kernels.h"
+#include "../cpu/thread_pool.h"
+
+namespace nb = nanobind;
+using namespace edgerunner;
+
+void bind_kernels(nb::module_& m) {
+    m.def("cpu_isa", [] { return std::string(cpu::isa_name(cpu::best_isa())); },
+          "The instruction set the CPU kernels use here (EDGERUNNER_ISA may lower it).");
+    m.def("cpu_dot", [](uint32_t type_id, nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig> row,
+                        nb::ndarray<const float, nb::ndim<1>, nb::c_contig> x, const std::string& isa) {
+        auto info = tensor_type_info(type_id);
+        if (!info || !info->dequantize) throw std::invalid_argument("no kernel for tensor type id " + std::to_string(type_id));
+        const int64_t n = static_cast<int64_t>(x.shape(0));
+        if (n % info->block_size != 0 || row.shape(0) != static_cast<size_t>(n / info->block_size * info->type_size))
+            throw std::invalid_argument("row and x sizes do not match the type's blocks");
+        const cpu::ActFormat format = cpu::act_format_for(info->type);
+        std::vector<uint8_t> q(cpu::act_bytes(format, n));
+        cpu::quantize_act(format, x.data(), q.data(), n);
+        cpu::DotFn fn = isa == "scalar" ? cpu::dot_quant_fn_scalar(info->type) : cpu::dot_quant_fn(info->type, cpu::parse_isa(isa.c_str()));
+        return fn(row.data(), q.data(), n);
+    }, nb::arg("type_id"), nb::arg("row"), nb::arg("x"), nb::arg("isa") = "scalar",
+       "dot(weight row in its raw blocks, x quantized to the type's activation format) with the given kernels.");
+}
+
+// Read bandwidth of this machine: each of n_threads threads sums its slice of a buffer of
+// n_bytes (already touched), best of `reps`; GB/s. The decode roofline is weight bytes per
+// token divided by this.
+void bind_bandwidth(nb::module_& m);
+
+void bind_bandwidth(nb::module_& m) {
+    m.def("read_bandwidth", [](size_t n_bytes, int n_threads, int reps) {
+        nb::gil_scoped_release release;
+        const size_t n = n_bytes / sizeof(uint64_t);
+        std::unique_ptr<uint64_t[]> buf(new uint64_t[n]);
+        for (size_t i = 0; i < n; ++i) buf[i] = i;
+        cpu::ThreadPool pool(n_threads);
+        std::vector<uint64_t> sinks(static_cast<size_t>(n_threads) * 8, 0);
+        double best = 0;
+        for (int r = 0; r < reps; ++r) {
+            const auto t0 = std::chrono::steady_clock::now();
+            pool.run([&](int ith, int nth) {
+                const size_t a = n * ith / nth, b = n * (ith + 1) / nth;
+                uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+                size_t i = a;
+                for (; i + 4 <= b; i += 4) {
+                    s0 += buf[i];
+                    s1 += buf[i + 1];
+                    s2 += buf[i + 2];
+                    s3 += buf[i + 3];
+                }
+                for (; i < b; ++i) s0 += buf[i];
+                sinks[static_cast<size_t>(ith) * 8] = s0 + s1 + s2 + s3;
+            });
+            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / s / 1e9);
+        }
+        return best;
+    }, nb::arg("n_bytes"), nb::arg("n_threads"), nb::arg("reps") = 5);
+}

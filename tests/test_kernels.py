@@ -1,0 +1,68 @@
+"""CPU kernels: every SIMD dot product equals the scalar reference on random rows, and the
+scalar reference equals float64 arithmetic on the dequantized operands."""
+
+from __future__ import annotations
+
+import random
+
+import gguf as ggufpkg
+import numpy as np
+import pytest
+
+from edgerunner import _core, quants
+from edgerunner.model_builder import _random_blocks  # random raw blocks with valid scales
+
+TYPES = ["F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL",
+         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+
+
+def available_isas():
+    out = []
+    for isa in ("avx2", "avxvnni"):
+        try:
+            _core.cpu_dot(0, np.zeros(128, np.uint8), np.zeros(32, np.float32), isa)
+            out.append(isa)
+        except ValueError:
+            pass
+    return out
+
+
+def random_row(name, n, rng):
+    qtype = ggufpkg.GGMLQuantizationType[name]
+    if name == "F32":
+        return rng.normal(0, 0.05, n).astype(np.float32).view(np.uint8)
+    if name == "F16":
+        return rng.normal(0, 0.05, n).astype(np.float16).view(np.uint8)
+    block, size = ggufpkg.GGML_QUANT_SIZES[qtype]
+    return np.asarray(_random_blocks(qtype, n // block, rng, 0.02), np.uint8).reshape(-1)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_simd_equals_scalar_and_scalar_equals_float64(name):
+    seed = random.randrange(2**32)
+    rng = np.random.default_rng(seed)
+    type_id = quants.type_id(name)
+    block = 256 if name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS") else 32
+    for blocks in (1, 3, 17):  # odd sizes: rows not a multiple of any unrolling
+        n = blocks * block
+        row = random_row(name, n, rng)
+        x = (rng.normal(0, 1, n) * rng.choice([0.1, 1, 10], n)).astype(np.float32)  # outliers as in real activations
+        ref = _core.cpu_dot(type_id, row, x, "scalar")
+        # The scalar kernel is the arithmetic of the formats: weight and activation decoded to
+        # float64, dotted. It differs only by float32 rounding of per-block partial sums.
+        w = quants.dequantize(row, name).astype(np.float64)
+        fmt = "F32" if name in ("F32", "F16") else ("Q8_K" if block == 256 else "Q8_0")
+        xq = x.astype(np.float64) if fmt == "F32" else quants.dequantize(
+            (quants.quantize_q8_k if fmt == "Q8_K" else quants.quantize_q8_0)(x), fmt).astype(np.float64)
+        exact = float(w @ xq)
+        bound = 1e-5 * float(np.abs(w) @ np.abs(xq)) + 1e-30
+        assert abs(ref - exact) <= bound, f"{name} n={n} seed {seed}: scalar {ref} vs float64 {exact}"
+        for isa in available_isas():
+            got = _core.cpu_dot(type_id, row, x, isa)
+            assert abs(got - ref) <= bound, f"{name} {isa} n={n} seed {seed}: {got} vs scalar {ref}"
+
+
+def test_isa_names():
+    assert _core.cpu_isa() in ("scalar", "avx2", "avxvnni")
+    with pytest.raises(ValueError, match="unknown instruction set"):
+        _core.cpu_dot(0, np.zeros(128, np.uint8), np.zeros(32, np.float32), "sse9")
