@@ -9,8 +9,14 @@
 namespace edgerunner::cpu {
 
 #if defined(ER_HAVE_X86_KERNELS)
-namespace avx2 { DotFn dot_fn(TensorType type); }
-namespace avxvnni { DotFn dot_fn(TensorType type); }
+namespace avx2 {
+DotFn dot_fn(TensorType type);
+KvKernels kv_kernels(KvType type);
+}  // namespace avx2
+namespace avxvnni {
+DotFn dot_fn(TensorType type);
+KvKernels kv_kernels(KvType type);
+}  // namespace avxvnni
 #endif
 
 namespace {
@@ -67,6 +73,14 @@ DotFn dot_quant_fn(TensorType type, Isa isa) {
     if (isa == Isa::Avx2) fn = avx2::dot_fn(type);
 #endif
     return fn ? fn : dot_quant_fn_scalar(type);
+}
+
+KvKernels kv_kernels(KvType type, Isa isa) {
+#if defined(ER_HAVE_X86_KERNELS)
+    if (isa == Isa::AvxVnni) return avxvnni::kv_kernels(type);
+    if (isa == Isa::Avx2) return avx2::kv_kernels(type);
+#endif
+    return kv_kernels_scalar(type);
 }
 
 }  // namespace edgerunner::cpu

@@ -404,3 +404,71 @@ DotFn dot_fn(TensorType type) {
 }
 
 }  // namespace edgerunner::cpu::ER_ISA
+
+// ---- attention over the KV cache ----------------------------------------------------------------
+
+namespace edgerunner::cpu::ER_ISA {
+namespace {
+
+float kv_dot_f32(const void* k, const float* q, int64_t n) { return dot_f32(k, q, n); }
+float kv_dot_f16(const void* k, const float* q, int64_t n) { return dot_f16(k, q, n); }
+
+float kv_dot_q8_0(const void* k, const float* q, int64_t n) {
+    const auto* b = static_cast<const block_q8_0*>(k);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK8_0; ++i) {
+        __m256 part = _mm256_setzero_ps();
+        for (int j = 0; j < QK8_0; j += 8) {
+            const __m256 kv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b[i].qs + j))));
+            part = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q + i * QK8_0 + j), part);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b[i].d)), part, acc);
+    }
+    return hsum(acc);
+}
+
+void kv_axpy_f32(float w, const void* v, float* out, int64_t n) {
+    const auto* x = static_cast<const float*>(v);
+    const __m256 wv = _mm256_set1_ps(w);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(out + i)));
+    for (; i < n; ++i) out[i] += w * x[i];
+}
+
+void kv_axpy_f16(float w, const void* v, float* out, int64_t n) {
+    const auto* x = static_cast<const uint16_t*>(v);
+    const __m256 wv = _mm256_set1_ps(w);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 xf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(wv, xf, _mm256_loadu_ps(out + i)));
+    }
+    for (; i < n; ++i) out[i] += w * _cvtsh_ss(x[i]);
+}
+
+void kv_axpy_q8_0(float w, const void* v, float* out, int64_t n) {
+    const auto* b = static_cast<const block_q8_0*>(v);
+    for (int64_t i = 0; i < n / QK8_0; ++i) {
+        const __m256 wd = _mm256_set1_ps(w * h2f(b[i].d));
+        for (int j = 0; j < QK8_0; j += 8) {
+            const __m256 kv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b[i].qs + j))));
+            float* o = out + i * QK8_0 + j;
+            _mm256_storeu_ps(o, _mm256_fmadd_ps(wd, kv, _mm256_loadu_ps(o)));
+        }
+    }
+}
+
+}  // namespace
+
+// q8_0 caches have head sizes that are multiples of 32 (checked at load).
+KvKernels kv_kernels(KvType type) {
+    switch (type) {
+        case KvType::F32: return {kv_dot_f32, kv_axpy_f32};
+        case KvType::F16: return {kv_dot_f16, kv_axpy_f16};
+        case KvType::Q8_0: return {kv_dot_q8_0, kv_axpy_q8_0};
+    }
+    return {nullptr, nullptr};
+}
+
+}  // namespace edgerunner::cpu::ER_ISA

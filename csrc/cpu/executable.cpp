@@ -23,58 +23,6 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
     for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
 }
 
-// One K or V slot of the cache, as float (head `h` of it), for the attention loops.
-inline float kv_dot(KvType type, const uint8_t* slot, int64_t h, int64_t hd, const float* q) {
-    switch (type) {
-        case KvType::F32: {
-            const float* k = reinterpret_cast<const float*>(slot) + h * hd;
-            float s = 0;
-            for (int64_t i = 0; i < hd; ++i) s += q[i] * k[i];
-            return s;
-        }
-        case KvType::F16: {
-            const uint16_t* k = reinterpret_cast<const uint16_t*>(slot) + h * hd;
-            float s = 0;
-            for (int64_t i = 0; i < hd; ++i) s += q[i] * f16_to_f32(k[i]);
-            return s;
-        }
-        case KvType::Q8_0: {
-            const block_q8_0* k = reinterpret_cast<const block_q8_0*>(slot) + h * hd / QK8_0;
-            float s = 0;
-            for (int64_t b = 0; b < hd / QK8_0; ++b) {
-                float bs = 0;
-                for (int j = 0; j < QK8_0; ++j) bs += q[b * QK8_0 + j] * static_cast<float>(k[b].qs[j]);
-                s += bs * f16_to_f32(k[b].d);
-            }
-            return s;
-        }
-    }
-    return 0;
-}
-
-inline void kv_axpy(KvType type, const uint8_t* slot, int64_t h, int64_t hd, float w, float* out) {
-    switch (type) {
-        case KvType::F32: {
-            const float* v = reinterpret_cast<const float*>(slot) + h * hd;
-            for (int64_t i = 0; i < hd; ++i) out[i] += w * v[i];
-            return;
-        }
-        case KvType::F16: {
-            const uint16_t* v = reinterpret_cast<const uint16_t*>(slot) + h * hd;
-            for (int64_t i = 0; i < hd; ++i) out[i] += w * f16_to_f32(v[i]);
-            return;
-        }
-        case KvType::Q8_0: {
-            const block_q8_0* v = reinterpret_cast<const block_q8_0*>(slot) + h * hd / QK8_0;
-            for (int64_t b = 0; b < hd / QK8_0; ++b) {
-                const float wd = w * f16_to_f32(v[b].d);
-                for (int j = 0; j < QK8_0; ++j) out[b * QK8_0 + j] += wd * static_cast<float>(v[b].qs[j]);
-            }
-            return;
-        }
-    }
-}
-
 void store_kv_row(KvType type, const float* x, uint8_t* slot, int64_t n) {
     switch (type) {
         case KvType::F32: std::memcpy(slot, x, static_cast<size_t>(n) * sizeof(float)); return;
@@ -125,6 +73,7 @@ Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, Thread
     qbuf_row_bytes_ = std::max(act_bytes(ActFormat::Q8_0, widest), act_bytes(ActFormat::Q8_K, widest));
     qbuf_.assign(qbuf_row_bytes_ * static_cast<size_t>(plan_.max_tokens), 0);
     scores_.assign(static_cast<size_t>(pool_.size() * kv_.capacity), 0.0f);
+    kv_fn_ = precise_ ? kv_kernels_scalar(kv_.type) : kv_kernels(kv_.type);
 
     // RoPE inverse frequencies, computed as Hugging Face does (float32 pow), then divided by
     // the per-pair factors of rope_freqs when the model has them.
@@ -262,18 +211,20 @@ void Executable::kv_store(const Op& op, const StepInputs& in, int ith, int nth) 
 
 void Executable::attention(const Op& op, const StepInputs& in, int ith, int nth) {
     const int64_t hd = c_.head_dim, group = c_.n_head / c_.n_head_kv;
+    const size_t head_bytes = kv_.row_bytes / static_cast<size_t>(c_.n_head_kv);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     float* scores = scores_.data() + static_cast<size_t>(ith) * kv_.capacity;
     int64_t i0, i1;
     split(in.n_tokens * op.heads, ith, nth, &i0, &i1);
     for (int64_t i = i0; i < i1; ++i) {
-        const int64_t t = i / op.heads, h = i % op.heads, kvh = h / group;
+        const int64_t t = i / op.heads, h = i % op.heads;
+        const size_t head_offset = static_cast<size_t>(h / group) * head_bytes;
         const int64_t pos = in.pos0 + t;
         const int64_t start = c_.sliding_window > 0 ? std::max<int64_t>(0, pos - c_.sliding_window + 1) : 0;
         const float* q = row(op.in, t) + h * hd;
         float mx = -INFINITY;
         for (int64_t p = start; p <= pos; ++p) {
-            const float sc = kv_dot(kv_.type, kv_.k(op.layer, p), kvh, hd, q) * scale;
+            const float sc = kv_fn_.dot(kv_.k(op.layer, p) + head_offset, q, hd) * scale;
             scores[p - start] = sc;
             mx = std::max(mx, sc);
         }
@@ -285,7 +236,7 @@ void Executable::attention(const Op& op, const StepInputs& in, int ith, int nth)
         float* out = row(op.out, t) + h * hd;
         std::fill(out, out + hd, 0.0f);
         const float inv = 1.0f / sum;
-        for (int64_t p = start; p <= pos; ++p) kv_axpy(kv_.type, kv_.v(op.layer, p), kvh, hd, scores[p - start] * inv, out);
+        for (int64_t p = start; p <= pos; ++p) kv_fn_.axpy(scores[p - start] * inv, kv_.v(op.layer, p) + head_offset, out, hd);
     }
 }
 

@@ -58,6 +58,7 @@ private:
     std::vector<uint8_t> qbuf_;
     size_t qbuf_row_bytes_ = 0;
     std::vector<float> scores_;  // per thread: one score per cache slot
+    KvKernels kv_fn_{};
     std::vector<float> inv_freq_;
     std::vector<float> last_logits_;
 };

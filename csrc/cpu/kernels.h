@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../core/kv_cache.h"
 #include "edgerunner/tensor_type.h"
 
 namespace edgerunner::cpu {
@@ -40,6 +41,16 @@ Isa parse_isa(const char* name);  // throws std::invalid_argument for unknown or
 DotFn dot_float_fn(TensorType type);                          // precise: dequantize per block, float dot
 DotFn dot_quant_fn(TensorType type, Isa isa = best_isa());    // fast: the weight's activation format
 DotFn dot_quant_fn_scalar(TensorType type);                   // the reference the SIMD kernels equal
+
+// Attention over one head of a cache slot: q·k, and out += w·v, in the cache's precision.
+using KvDotFn = float (*)(const void* k, const float* q, int64_t n);
+using KvAxpyFn = void (*)(float w, const void* v, float* out, int64_t n);
+struct KvKernels {
+    KvDotFn dot;
+    KvAxpyFn axpy;
+};
+KvKernels kv_kernels(KvType type, Isa isa = best_isa());
+KvKernels kv_kernels_scalar(KvType type);
 
 // Decode one row of n elements (embedding look-ups).
 void dequantize_into(TensorType type, const void* row, float* y, int64_t n);

@@ -318,6 +318,40 @@ float dot_dequant(const void* row, const void* xv, int64_t n) {
     return sum;
 }
 
+// ---- attention over the KV cache (scalar) -------------------------------------------------------
+
+float kv_dot_f32(const void* k, const float* q, int64_t n) { return dot_f32(k, q, n); }
+float kv_dot_f16(const void* k, const float* q, int64_t n) { return dot_f16(k, q, n); }
+
+float kv_dot_q8_0(const void* k, const float* q, int64_t n) {
+    const auto* b = static_cast<const block_q8_0*>(k);
+    float s = 0;
+    for (int64_t i = 0; i < n / QK8_0; ++i) {
+        float bs = 0;
+        for (int j = 0; j < QK8_0; ++j) bs += q[i * QK8_0 + j] * static_cast<float>(b[i].qs[j]);
+        s += bs * h2f(b[i].d);
+    }
+    return s;
+}
+
+void kv_axpy_f32(float w, const void* v, float* out, int64_t n) {
+    const auto* x = static_cast<const float*>(v);
+    for (int64_t i = 0; i < n; ++i) out[i] += w * x[i];
+}
+
+void kv_axpy_f16(float w, const void* v, float* out, int64_t n) {
+    const auto* x = static_cast<const uint16_t*>(v);
+    for (int64_t i = 0; i < n; ++i) out[i] += w * h2f(x[i]);
+}
+
+void kv_axpy_q8_0(float w, const void* v, float* out, int64_t n) {
+    const auto* b = static_cast<const block_q8_0*>(v);
+    for (int64_t i = 0; i < n / QK8_0; ++i) {
+        const float wd = w * h2f(b[i].d);
+        for (int j = 0; j < QK8_0; ++j) out[i * QK8_0 + j] += wd * static_cast<float>(b[i].qs[j]);
+    }
+}
+
 [[noreturn]] void no_kernel(TensorType type) {
     throw std::invalid_argument("tensor type " + std::string(tensor_type_name(type)) +
                                 " has no CPU matmul kernel; supported: " + std::string(dequantizable_type_names()));
@@ -408,6 +442,15 @@ DotFn dot_float_fn(TensorType type) {
         case TensorType::IQ4_XS: return dot_dequant<TensorType::IQ4_XS>;
         default: no_kernel(type);
     }
+}
+
+KvKernels kv_kernels_scalar(KvType type) {
+    switch (type) {
+        case KvType::F32: return {kv_dot_f32, kv_axpy_f32};
+        case KvType::F16: return {kv_dot_f16, kv_axpy_f16};
+        case KvType::Q8_0: return {kv_dot_q8_0, kv_axpy_q8_0};
+    }
+    return {nullptr, nullptr};
 }
 
 void dequantize_into(TensorType type, const void* row, float* y, int64_t n) { dequantize_row(type, row, y, n); }
