@@ -11,10 +11,12 @@ namespace edgerunner::cpu {
 #if defined(ER_HAVE_X86_KERNELS)
 namespace avx2 {
 DotFn dot_fn(TensorType type);
+DotRowsFn dot_rows_fn(TensorType type);
 KvKernels kv_kernels(KvType type);
 }  // namespace avx2
 namespace avxvnni {
 DotFn dot_fn(TensorType type);
+DotRowsFn dot_rows_fn(TensorType type);
 KvKernels kv_kernels(KvType type);
 }  // namespace avxvnni
 #endif
@@ -73,6 +75,15 @@ DotFn dot_quant_fn(TensorType type, Isa isa) {
     if (isa == Isa::Avx2) fn = avx2::dot_fn(type);
 #endif
     return fn ? fn : dot_quant_fn_scalar(type);
+}
+
+DotRowsFn dot_rows_fn(TensorType type, Isa isa) {
+#if defined(ER_HAVE_X86_KERNELS)
+    if (isa == Isa::AvxVnni) return avxvnni::dot_rows_fn(type);
+    if (isa == Isa::Avx2) return avx2::dot_rows_fn(type);
+#endif
+    (void)type;
+    return nullptr;
 }
 
 KvKernels kv_kernels(KvType type, Isa isa) {

@@ -472,3 +472,162 @@ KvKernels kv_kernels(KvType type) {
 }
 
 }  // namespace edgerunner::cpu::ER_ISA
+
+// ---- several tokens per weight row (prefill) ---------------------------------------------------
+// The same arithmetic as the single-token kernels above, in the same order per token, so a
+// token's result does not depend on how many tokens shared the step; each weight block is
+// loaded and unpacked once for up to 4 tokens.
+
+namespace edgerunner::cpu::ER_ISA {
+namespace {
+
+struct Q4_0 {
+    using Block = block_q4_0;
+    static constexpr bool kSigned = true, kOffset = false;
+    static __m256i load(const Block& b) { return _mm256_sub_epi8(nibbles(b.qs), _mm256_set1_epi8(8)); }
+};
+struct Q4_1 {
+    using Block = block_q4_1;
+    static constexpr bool kSigned = false, kOffset = true;
+    static __m256i load(const Block& b) { return nibbles(b.qs); }
+};
+struct Q5_0 {
+    using Block = block_q5_0;
+    static constexpr bool kSigned = true, kOffset = false;
+    static __m256i load(const Block& b) {
+        return _mm256_sub_epi8(_mm256_or_si256(nibbles(b.qs), fifth_bits(b.qh)), _mm256_set1_epi8(16));
+    }
+};
+struct Q5_1 {
+    using Block = block_q5_1;
+    static constexpr bool kSigned = false, kOffset = true;
+    static __m256i load(const Block& b) { return _mm256_or_si256(nibbles(b.qs), fifth_bits(b.qh)); }
+};
+struct Q8_0 {
+    using Block = block_q8_0;
+    static constexpr bool kSigned = true, kOffset = false;
+    static __m256i load(const Block& b) { return load32(b.qs); }
+};
+
+template <typename F>
+void dot_rows_32(const void* row, const void* xv, size_t x_stride, int64_t n, int n_tok, float* out, size_t out_stride) {
+    const auto* w = static_cast<const typename F::Block*>(row);
+    const auto* x = static_cast<const uint8_t*>(xv);
+    const int64_t nb = n / QK8_0;
+    for (int t0 = 0; t0 < n_tok; t0 += 4) {
+        const int m = n_tok - t0 < 4 ? n_tok - t0 : 4;
+        const block_q8_0* a[4];
+        const float* asum[4];
+        __m256 acc[4];
+        float mins[4] = {0, 0, 0, 0};
+        for (int k = 0; k < m; ++k) {
+            a[k] = reinterpret_cast<const block_q8_0*>(x + (t0 + k) * x_stride);
+            asum[k] = q8_0_sums(a[k], nb);
+            acc[k] = _mm256_setzero_ps();
+        }
+        for (int64_t b = 0; b < nb; ++b) {
+            const __m256i q = F::load(w[b]);
+            const float dw = h2f(w[b].d);
+            for (int k = 0; k < m; ++k) {
+                const __m256i p = F::kSigned ? dot_s8s8(q, load32(a[k][b].qs)) : dot_u8s8(q, load32(a[k][b].qs));
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * h2f(a[k][b].d)), _mm256_cvtepi32_ps(p), acc[k]);
+                if constexpr (F::kOffset) mins[k] += h2f(w[b].m) * asum[k][b];
+            }
+        }
+        for (int k = 0; k < m; ++k) out[(t0 + k) * out_stride] = F::kOffset ? hsum(acc[k]) + mins[k] : hsum(acc[k]);
+    }
+}
+
+void dot_rows_q4_K(const void* row, const void* xv, size_t x_stride, int64_t n, int n_tok, float* out, size_t out_stride) {
+    const auto* w = static_cast<const block_q4_K*>(row);
+    const auto* x = static_cast<const uint8_t*>(xv);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int t0 = 0; t0 < n_tok; t0 += 4) {
+        const int m = n_tok - t0 < 4 ? n_tok - t0 : 4;
+        const block_q8_K* a[4];
+        float sum[4] = {0, 0, 0, 0};
+        for (int k = 0; k < m; ++k) a[k] = reinterpret_cast<const block_q8_K*>(x + (t0 + k) * x_stride);
+        for (int64_t b = 0; b < n / QK_K; ++b) {
+            __m256i isum[4];
+            int msum[4] = {0, 0, 0, 0};
+            for (int k = 0; k < m; ++k) isum[k] = _mm256_setzero_si256();
+            for (int g = 0; g < 4; ++g) {
+                const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * g));
+                const __m256i lo = _mm256_and_si256(q, low4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                int sc0, m0, sc1, m1;
+                k_scale_min(w[b].scales, 2 * g, &sc0, &m0);
+                k_scale_min(w[b].scales, 2 * g + 1, &sc1, &m1);
+                const __m256i s0 = _mm256_set1_epi32(sc0), s1 = _mm256_set1_epi32(sc1);
+                for (int k = 0; k < m; ++k) {
+                    const __m256i p0 = dot_u8s8(lo, load32(a[k][b].qs + 64 * g));
+                    const __m256i p1 = dot_u8s8(hi, load32(a[k][b].qs + 64 * g + 32));
+                    isum[k] = _mm256_add_epi32(isum[k], _mm256_mullo_epi32(p0, s0));
+                    isum[k] = _mm256_add_epi32(isum[k], _mm256_mullo_epi32(p1, s1));
+                    const int16_t* bs = a[k][b].bsums;
+                    msum[k] += m0 * (bs[4 * g] + bs[4 * g + 1]) + m1 * (bs[4 * g + 2] + bs[4 * g + 3]);
+                }
+            }
+            for (int k = 0; k < m; ++k)
+                sum[k] += a[k][b].d * (h2f(w[b].d) * static_cast<float>(hsum_i32(isum[k])) -
+                                       h2f(w[b].dmin) * static_cast<float>(msum[k]));
+        }
+        for (int k = 0; k < m; ++k) out[(t0 + k) * out_stride] = sum[k];
+    }
+}
+
+void dot_rows_q6_K(const void* row, const void* xv, size_t x_stride, int64_t n, int n_tok, float* out, size_t out_stride) {
+    const auto* w = static_cast<const block_q6_K*>(row);
+    const auto* x = static_cast<const uint8_t*>(xv);
+    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+    auto sum4 = [](__m128i v) {
+        v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
+        v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
+        return _mm_cvtsi128_si32(v);
+    };
+    for (int t0 = 0; t0 < n_tok; t0 += 4) {
+        const int m = n_tok - t0 < 4 ? n_tok - t0 : 4;
+        const block_q8_K* a[4];
+        float sum[4] = {0, 0, 0, 0};
+        for (int k = 0; k < m; ++k) a[k] = reinterpret_cast<const block_q8_K*>(x + (t0 + k) * x_stride);
+        for (int64_t b = 0; b < n / QK_K; ++b) {
+            int isum[4] = {0, 0, 0, 0};
+            for (int h = 0; h < 2; ++h) {
+                const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].ql + 64 * h));
+                const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].ql + 64 * h + 32));
+                const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh + 32 * h));
+                const __m256i lo4[4] = {_mm256_and_si256(ql0, low4), _mm256_and_si256(ql1, low4),
+                                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4)};
+                for (int s = 0; s < 4; ++s) {
+                    const __m256i q = _mm256_or_si256(lo4[s], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), two), 4));
+                    const int sb = h * 8 + s * 2;
+                    for (int k = 0; k < m; ++k) {
+                        const __m256i prod = dot_u8s8(q, load32(a[k][b].qs + h * 128 + s * 32));
+                        isum[k] += w[b].scales[sb] * (sum4(_mm256_castsi256_si128(prod)) - 32 * a[k][b].bsums[sb]) +
+                                   w[b].scales[sb + 1] * (sum4(_mm256_extracti128_si256(prod, 1)) - 32 * a[k][b].bsums[sb + 1]);
+                    }
+                }
+            }
+            for (int k = 0; k < m; ++k) sum[k] += h2f(w[b].d) * a[k][b].d * static_cast<float>(isum[k]);
+        }
+        for (int k = 0; k < m; ++k) out[(t0 + k) * out_stride] = sum[k];
+    }
+}
+
+}  // namespace
+
+DotRowsFn dot_rows_fn(TensorType type) {
+    switch (type) {
+        case TensorType::Q4_0: return dot_rows_32<Q4_0>;
+        case TensorType::Q4_1: return dot_rows_32<Q4_1>;
+        case TensorType::Q5_0: return dot_rows_32<Q5_0>;
+        case TensorType::Q5_1: return dot_rows_32<Q5_1>;
+        case TensorType::Q8_0: return dot_rows_32<Q8_0>;
+        case TensorType::Q4_K: return dot_rows_q4_K;
+        case TensorType::Q6_K: return dot_rows_q6_K;
+        default: return nullptr;
+    }
+}
+
+}  // namespace edgerunner::cpu::ER_ISA

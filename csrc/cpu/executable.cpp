@@ -60,6 +60,7 @@ Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, Thread
         if (op.kind == OpKind::MatMul) {
             s.format = precise_ ? ActFormat::Float : act_format_for(op.weight->type);
             s.dot = s.format == ActFormat::Float ? dot_float_fn(op.weight->type) : dot_quant_fn(op.weight->type);
+            if (s.format != ActFormat::Float) s.dot_rows = dot_rows_fn(op.weight->type);
             if (s.format != ActFormat::Float && (quantized != op.in || quantized_format != s.format)) {
                 s.quantize_input = true;
                 quantized = op.in;
@@ -162,19 +163,31 @@ void Executable::matmul(const Step& s, const StepInputs& in, int ith, int nth) {
     const float* bias = op.bias ? reinterpret_cast<const float*>(op.bias->data) : nullptr;
     int64_t r0, r1;
     split(w.rows, ith, nth, &r0, &r1);
-    // Rows outer, tokens inner: each weight row is read from memory once per step.
+    auto store = [&](int64_t t, int64_t r, float v) {
+        if (bias) v += bias[r];
+        float* y;
+        if (to_logits) y = in.logits_out ? in.logits_out + t * c_.n_vocab : last_logits_.data();
+        else y = row(op.out, t);
+        if (op.accumulate) y[r] += v;
+        else y[r] = v;
+    };
+    // Rows outer, tokens inner: each weight row is read from memory once per step; with a
+    // several-token kernel, unpacked once per 4 tokens.
     for (int64_t r = r0; r < r1; ++r) {
         const uint8_t* wrow = w.data + static_cast<size_t>(r) * w.row_bytes;
-        for (int64_t t = first; t < in.n_tokens; ++t) {
+        int64_t t = first;
+        if (s.dot_rows) {
+            for (; t + 1 < in.n_tokens; t += 4) {
+                const int m = static_cast<int>(std::min<int64_t>(4, in.n_tokens - t));
+                float v[4];
+                s.dot_rows(wrow, qbuf_.data() + t * qbuf_row_bytes_, qbuf_row_bytes_, w.cols, m, v, 1);
+                for (int k = 0; k < m; ++k) store(t + k, r, v[k]);
+            }
+        }
+        for (; t < in.n_tokens; ++t) {
             const void* x = s.format == ActFormat::Float ? static_cast<const void*>(row(op.in, t))
                                                           : qbuf_.data() + t * qbuf_row_bytes_;
-            float v = s.dot(wrow, x, w.cols);
-            if (bias) v += bias[r];
-            float* y;
-            if (to_logits) y = in.logits_out ? in.logits_out + t * c_.n_vocab : last_logits_.data();
-            else y = row(op.out, t);
-            if (op.accumulate) y[r] += v;
-            else y[r] = v;
+            store(t, r, s.dot(wrow, x, w.cols));
         }
     }
 }

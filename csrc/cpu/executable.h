@@ -35,6 +35,7 @@ private:
     struct Step {
         Op op;
         DotFn dot = nullptr;
+        DotRowsFn dot_rows = nullptr;  // several tokens per weight row, where the type has one
         ActFormat format = ActFormat::Float;
         bool quantize_input = false;  // quantize `in` into qbuf_ first (shared by later matmuls)
     };

@@ -42,6 +42,13 @@ DotFn dot_float_fn(TensorType type);                          // precise: dequan
 DotFn dot_quant_fn(TensorType type, Isa isa = best_isa());    // fast: the weight's activation format
 DotFn dot_quant_fn_scalar(TensorType type);                   // the reference the SIMD kernels equal
 
+// One weight row against n_tok activation rows (x_stride bytes apart): out[t * out_stride].
+// Per token the same arithmetic, in the same order, as the single-token DotFn. Null where a
+// type has no such kernel (the caller then loops the DotFn).
+using DotRowsFn = void (*)(const void* row, const void* x, size_t x_stride, int64_t n, int n_tok, float* out,
+                           size_t out_stride);
+DotRowsFn dot_rows_fn(TensorType type, Isa isa = best_isa());
+
 // Attention over one head of a cache slot: q·k, and out += w·v, in the cache's precision.
 using KvDotFn = float (*)(const void* k, const float* q, int64_t n);
 using KvAxpyFn = void (*)(float w, const void* v, float* out, int64_t n);
