@@ -464,9 +464,9 @@ void kv_axpy_q8_0(float w, const void* v, float* out, int64_t n) {
 // q8_0 caches have head sizes that are multiples of 32 (checked at load).
 KvKernels kv_kernels(KvType type) {
     switch (type) {
-        case KvType::F32: return {kv_dot_f32, kv_axpy_f32};
-        case KvType::F16: return {kv_dot_f16, kv_axpy_f16};
-        case KvType::Q8_0: return {kv_dot_q8_0, kv_axpy_q8_0};
+        case KvType::F32: return {kv_scores_loop<kv_dot_f32>, kv_values_loop<kv_axpy_f32>};
+        case KvType::F16: return {kv_scores_loop<kv_dot_f16>, kv_values_loop<kv_axpy_f16>};
+        case KvType::Q8_0: return {kv_scores_loop<kv_dot_q8_0>, kv_values_loop<kv_axpy_q8_0>};
     }
     return {nullptr, nullptr};
 }

@@ -235,21 +235,20 @@ void Executable::attention(const Op& op, const StepInputs& in, int ith, int nth)
         const int64_t pos = in.pos0 + t;
         const int64_t start = c_.sliding_window > 0 ? std::max<int64_t>(0, pos - c_.sliding_window + 1) : 0;
         const float* q = row(op.in, t) + h * hd;
+        const int64_t n = pos + 1 - start;
+        kv_fn_.scores(kv_.k(op.layer, 0) + head_offset, kv_.row_bytes, kv_.capacity, start, pos + 1, q, hd, scale, scores);
         float mx = -INFINITY;
-        for (int64_t p = start; p <= pos; ++p) {
-            const float sc = kv_fn_.dot(kv_.k(op.layer, p) + head_offset, q, hd) * scale;
-            scores[p - start] = sc;
-            mx = std::max(mx, sc);
-        }
+        for (int64_t j = 0; j < n; ++j) mx = std::max(mx, scores[j]);
         float sum = 0;
-        for (int64_t p = start; p <= pos; ++p) {
-            scores[p - start] = std::exp(scores[p - start] - mx);
-            sum += scores[p - start];
+        for (int64_t j = 0; j < n; ++j) {
+            scores[j] = std::exp(scores[j] - mx);
+            sum += scores[j];
         }
+        const float inv = 1.0f / sum;
+        for (int64_t j = 0; j < n; ++j) scores[j] *= inv;
         float* out = row(op.out, t) + h * hd;
         std::fill(out, out + hd, 0.0f);
-        const float inv = 1.0f / sum;
-        for (int64_t p = start; p <= pos; ++p) kv_fn_.axpy(scores[p - start] * inv, kv_.v(op.layer, p) + head_offset, out, hd);
+        kv_fn_.values(kv_.v(op.layer, 0) + head_offset, kv_.row_bytes, kv_.capacity, start, pos + 1, scores, hd, out);
     }
 }
 

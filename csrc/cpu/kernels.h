@@ -49,15 +49,40 @@ using DotRowsFn = void (*)(const void* row, const void* x, size_t x_stride, int6
                            size_t out_stride);
 DotRowsFn dot_rows_fn(TensorType type, Isa isa = best_isa());
 
-// Attention over one head of a cache slot: q·k, and out += w·v, in the cache's precision.
-using KvDotFn = float (*)(const void* k, const float* q, int64_t n);
-using KvAxpyFn = void (*)(float w, const void* v, float* out, int64_t n);
+// Attention over one head of the cache, positions [start, end): slot p is at
+// base + (p % capacity) * slot_bytes (base: the layer's K or V region plus the head's offset).
+//   scores: out[p - start] = (q · k_p) * scale
+//   values: out += Σ w[p - start] · v_p
+using KvScoresFn = void (*)(const uint8_t* base, size_t slot_bytes, int64_t capacity, int64_t start, int64_t end,
+                            const float* q, int64_t n, float scale, float* out);
+using KvValuesFn = void (*)(const uint8_t* base, size_t slot_bytes, int64_t capacity, int64_t start, int64_t end,
+                            const float* w, int64_t n, float* out);
 struct KvKernels {
-    KvDotFn dot;
-    KvAxpyFn axpy;
+    KvScoresFn scores;
+    KvValuesFn values;
 };
 KvKernels kv_kernels(KvType type, Isa isa = best_isa());
 KvKernels kv_kernels_scalar(KvType type);
+
+// The position loops around a per-slot dot / axpy (instantiated per backend file).
+template <float (*Dot)(const void*, const float*, int64_t)>
+void kv_scores_loop(const uint8_t* base, size_t slot_bytes, int64_t capacity, int64_t start, int64_t end,
+                    const float* q, int64_t n, float scale, float* out) {
+    int64_t slot = start % capacity;
+    for (int64_t p = start; p < end; ++p) {
+        out[p - start] = Dot(base + static_cast<size_t>(slot) * slot_bytes, q, n) * scale;
+        if (++slot == capacity) slot = 0;
+    }
+}
+template <void (*Axpy)(float, const void*, float*, int64_t)>
+void kv_values_loop(const uint8_t* base, size_t slot_bytes, int64_t capacity, int64_t start, int64_t end,
+                    const float* w, int64_t n, float* out) {
+    int64_t slot = start % capacity;
+    for (int64_t p = start; p < end; ++p) {
+        Axpy(w[p - start], base + static_cast<size_t>(slot) * slot_bytes, out, n);
+        if (++slot == capacity) slot = 0;
+    }
+}
 
 // Decode one row of n elements (embedding look-ups).
 void dequantize_into(TensorType type, const void* row, float* y, int64_t n);

@@ -446,9 +446,9 @@ DotFn dot_float_fn(TensorType type) {
 
 KvKernels kv_kernels_scalar(KvType type) {
     switch (type) {
-        case KvType::F32: return {kv_dot_f32, kv_axpy_f32};
-        case KvType::F16: return {kv_dot_f16, kv_axpy_f16};
-        case KvType::Q8_0: return {kv_dot_q8_0, kv_axpy_q8_0};
+        case KvType::F32: return {kv_scores_loop<kv_dot_f32>, kv_values_loop<kv_axpy_f32>};
+        case KvType::F16: return {kv_scores_loop<kv_dot_f16>, kv_values_loop<kv_axpy_f16>};
+        case KvType::Q8_0: return {kv_scores_loop<kv_dot_q8_0>, kv_values_loop<kv_axpy_q8_0>};
     }
     return {nullptr, nullptr};
 }
