@@ -78,71 +78,12 @@ const float* q8_0_sums(const void* x, int64_t nb) {
 
 }  // namespace
 
-float dot_q4_0(const void* row, const void* xv, int64_t n) {
-    const auto* w = static_cast<const block_q4_0*>(row);
-    const auto* a = static_cast<const block_q8_0*>(xv);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / QK4_0; ++b) {
-        const __m256i q = _mm256_sub_epi8(nibbles(w[b].qs), _mm256_set1_epi8(8));
-        const __m256 p = _mm256_cvtepi32_ps(dot_s8s8(q, load32(a[b].qs)));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * h2f(a[b].d)), p, acc);
-    }
-    return hsum(acc);
-}
-
-float dot_q4_1(const void* row, const void* xv, int64_t n) {
-    const auto* w = static_cast<const block_q4_1*>(row);
-    const auto* a = static_cast<const block_q8_0*>(xv);
-    const int64_t nb = n / QK4_1;
-    const float* asum = q8_0_sums(xv, nb);
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0;
-    for (int64_t b = 0; b < nb; ++b) {
-        const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(nibbles(w[b].qs), load32(a[b].qs)));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * h2f(a[b].d)), p, acc);
-        mins += h2f(w[b].m) * asum[b];
-    }
-    return hsum(acc) + mins;
-}
-
-float dot_q5_0(const void* row, const void* xv, int64_t n) {
-    const auto* w = static_cast<const block_q5_0*>(row);
-    const auto* a = static_cast<const block_q8_0*>(xv);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / QK5_0; ++b) {
-        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nibbles(w[b].qs), fifth_bits(w[b].qh)), _mm256_set1_epi8(16));
-        const __m256 p = _mm256_cvtepi32_ps(dot_s8s8(q, load32(a[b].qs)));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * h2f(a[b].d)), p, acc);
-    }
-    return hsum(acc);
-}
-
-float dot_q5_1(const void* row, const void* xv, int64_t n) {
-    const auto* w = static_cast<const block_q5_1*>(row);
-    const auto* a = static_cast<const block_q8_0*>(xv);
-    const int64_t nb = n / QK5_1;
-    const float* asum = q8_0_sums(xv, nb);
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0;
-    for (int64_t b = 0; b < nb; ++b) {
-        const __m256i q = _mm256_or_si256(nibbles(w[b].qs), fifth_bits(w[b].qh));
-        const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(q, load32(a[b].qs)));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * h2f(a[b].d)), p, acc);
-        mins += h2f(w[b].m) * asum[b];
-    }
-    return hsum(acc) + mins;
-}
-
-float dot_q8_0(const void* row, const void* xv, int64_t n) {
-    const auto* w = static_cast<const block_q8_0*>(row);
-    const auto* a = static_cast<const block_q8_0*>(xv);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / QK8_0; ++b) {
-        const __m256 p = _mm256_cvtepi32_ps(dot_s8s8(load32(w[b].qs), load32(a[b].qs)));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * h2f(a[b].d)), p, acc);
-    }
-    return hsum(acc);
-}
+// dot_q4_0 ... dot_q8_0 are defined with the several-token kernels below (one implementation).
+float dot_q4_0(const void* row, const void* x, int64_t n);
+float dot_q4_1(const void* row, const void* x, int64_t n);
+float dot_q5_0(const void* row, const void* x, int64_t n);
+float dot_q5_1(const void* row, const void* x, int64_t n);
+float dot_q8_0(const void* row, const void* x, int64_t n);
 
 float dot_iq4_nl(const void* row, const void* xv, int64_t n) {
     const auto* w = static_cast<const block_iq4_nl*>(row);
@@ -509,32 +450,52 @@ struct Q8_0 {
     static __m256i load(const Block& b) { return load32(b.qs); }
 };
 
+// Up to M tokens (m of them) against one weight row. Blocks alternate between two
+// accumulators per token so consecutive fused multiply-adds do not wait on each other.
+template <typename F, int M>
+inline void dot_tile_32(const typename F::Block* w, const uint8_t* x, size_t x_stride, int64_t nb, int m, float* out,
+                        size_t out_stride) {
+    const block_q8_0* a[M];
+    const float* asum[M];
+    __m256 acc[M][2];
+    float mins[M][2];
+    for (int k = 0; k < m; ++k) {
+        a[k] = reinterpret_cast<const block_q8_0*>(x + k * x_stride);
+        asum[k] = q8_0_sums(a[k], nb);
+        acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+        mins[k][0] = mins[k][1] = 0;
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        const int j = static_cast<int>(b & 1);
+        const __m256i q = F::load(w[b]);
+        const float dw = h2f(w[b].d);
+        for (int k = 0; k < m; ++k) {
+            const __m256i qa = load32(a[k][b].qs);
+            const __m256i p = F::kSigned ? dot_s8s8(q, qa) : dot_u8s8(q, qa);
+            acc[k][j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * h2f(a[k][b].d)), _mm256_cvtepi32_ps(p), acc[k][j]);
+            if constexpr (F::kOffset) mins[k][j] += h2f(w[b].m) * asum[k][b];
+        }
+    }
+    for (int k = 0; k < m; ++k) {
+        const float v = hsum(_mm256_add_ps(acc[k][0], acc[k][1]));
+        out[k * out_stride] = F::kOffset ? v + (mins[k][0] + mins[k][1]) : v;
+    }
+}
+
+template <typename F>
+float dot_32(const void* row, const void* x, int64_t n) {
+    float out;
+    dot_tile_32<F, 1>(static_cast<const typename F::Block*>(row), static_cast<const uint8_t*>(x), 0, n / QK8_0, 1, &out, 1);
+    return out;
+}
+
 template <typename F>
 void dot_rows_32(const void* row, const void* xv, size_t x_stride, int64_t n, int n_tok, float* out, size_t out_stride) {
     const auto* w = static_cast<const typename F::Block*>(row);
     const auto* x = static_cast<const uint8_t*>(xv);
-    const int64_t nb = n / QK8_0;
     for (int t0 = 0; t0 < n_tok; t0 += 4) {
         const int m = n_tok - t0 < 4 ? n_tok - t0 : 4;
-        const block_q8_0* a[4];
-        const float* asum[4];
-        __m256 acc[4];
-        float mins[4] = {0, 0, 0, 0};
-        for (int k = 0; k < m; ++k) {
-            a[k] = reinterpret_cast<const block_q8_0*>(x + (t0 + k) * x_stride);
-            asum[k] = q8_0_sums(a[k], nb);
-            acc[k] = _mm256_setzero_ps();
-        }
-        for (int64_t b = 0; b < nb; ++b) {
-            const __m256i q = F::load(w[b]);
-            const float dw = h2f(w[b].d);
-            for (int k = 0; k < m; ++k) {
-                const __m256i p = F::kSigned ? dot_s8s8(q, load32(a[k][b].qs)) : dot_u8s8(q, load32(a[k][b].qs));
-                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * h2f(a[k][b].d)), _mm256_cvtepi32_ps(p), acc[k]);
-                if constexpr (F::kOffset) mins[k] += h2f(w[b].m) * asum[k][b];
-            }
-        }
-        for (int k = 0; k < m; ++k) out[(t0 + k) * out_stride] = F::kOffset ? hsum(acc[k]) + mins[k] : hsum(acc[k]);
+        dot_tile_32<F, 4>(w, x + t0 * x_stride, x_stride, n / QK8_0, m, out + t0 * out_stride, out_stride);
     }
 }
 
@@ -616,6 +577,12 @@ void dot_rows_q6_K(const void* row, const void* xv, size_t x_stride, int64_t n, 
 }
 
 }  // namespace
+
+float dot_q4_0(const void* row, const void* x, int64_t n) { return dot_32<Q4_0>(row, x, n); }
+float dot_q4_1(const void* row, const void* x, int64_t n) { return dot_32<Q4_1>(row, x, n); }
+float dot_q5_0(const void* row, const void* x, int64_t n) { return dot_32<Q5_0>(row, x, n); }
+float dot_q5_1(const void* row, const void* x, int64_t n) { return dot_32<Q5_1>(row, x, n); }
+float dot_q8_0(const void* row, const void* x, int64_t n) { return dot_32<Q8_0>(row, x, n); }
 
 DotRowsFn dot_rows_fn(TensorType type) {
     switch (type) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 
 #include "edgerunner/quant_blocks.h"
 #include "edgerunner/quants.h"
@@ -50,29 +51,67 @@ Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, Thread
     arena_.assign(total, 0.0f);
     last_logits_.assign(static_cast<size_t>(c_.n_vocab), 0.0f);
 
-    // Choose kernels and place activation quantization: a matmul whose input is not already
-    // quantized in its format quantizes it; later matmuls on the same input reuse it.
+    // Fuse ops into steps (see Step), choose kernels, and place activation quantization: a
+    // matmul quantizes its input unless it is already quantized in the formats it needs; an
+    // RMSNorm right before does it as it writes each row.
+    const std::vector<Op>& ops = plan_.ops;
     Buf quantized = Buf::Count;
-    ActFormat quantized_format = ActFormat::Float;
+    unsigned quantized_formats = 0;
     int64_t widest = 0;
-    for (const Op& op : plan_.ops) {
-        Step s{op};
+    for (size_t i = 0; i < ops.size(); ++i) {
+        Step s{ops[i]};
+        const Op& op = ops[i];
         if (op.kind == OpKind::MatMul) {
-            s.format = precise_ ? ActFormat::Float : act_format_for(op.weight->type);
-            s.dot = s.format == ActFormat::Float ? dot_float_fn(op.weight->type) : dot_quant_fn(op.weight->type);
-            if (s.format != ActFormat::Float) s.dot_rows = dot_rows_fn(op.weight->type);
-            if (s.format != ActFormat::Float && (quantized != op.in || quantized_format != s.format)) {
-                s.quantize_input = true;
+            auto add_part = [&](const Op& o) {
+                MatPart& p = s.parts[s.n_parts++];
+                p.weight = o.weight;
+                p.bias = o.bias;
+                p.out = o.out;
+                p.format = precise_ ? ActFormat::Float : act_format_for(o.weight->type);
+                p.dot = p.format == ActFormat::Float ? dot_float_fn(o.weight->type) : dot_quant_fn(o.weight->type);
+                if (p.format != ActFormat::Float) p.dot_rows = dot_rows_fn(o.weight->type);
+            };
+            add_part(op);
+            while (!op.accumulate && s.n_parts < 3 && i + 1 < ops.size() && ops[i + 1].kind == OpKind::MatMul &&
+                   ops[i + 1].in == op.in && !ops[i + 1].accumulate && ops[i + 1].tail == op.tail)
+                add_part(ops[++i]);
+            if (s.n_parts == 2 && i + 1 < ops.size() && ops[i + 1].kind == OpKind::SwiGLU &&
+                ops[i + 1].in == s.parts[0].out && s.parts[1].out == Buf::UP && s.parts[0].weight->rows == s.parts[1].weight->rows) {
+                s.glu = true;
+                ++i;
+            }
+            unsigned needed = 0;
+            for (int k = 0; k < s.n_parts; ++k)
+                if (s.parts[k].format != ActFormat::Float) needed |= 1u << static_cast<int>(s.parts[k].format);
+            if (needed && (quantized != op.in || (needed & ~quantized_formats))) {
+                Step* prev = steps_.empty() ? nullptr : &steps_.back();
+                if (prev && prev->op.kind == OpKind::RmsNorm && prev->op.out == op.in && prev->op.tail == op.tail)
+                    prev->norm_quantize = needed;
+                else
+                    s.quantize = needed;
                 quantized = op.in;
-                quantized_format = s.format;
+                quantized_formats = needed;
                 widest = std::max(widest, op.weight->cols);
             }
+        } else if (op.kind == OpKind::Rope && i + 2 < ops.size() && ops[i + 1].kind == OpKind::Rope &&
+                   ops[i + 2].kind == OpKind::KvStore && op.in == Buf::Q && ops[i + 1].in == Buf::K) {
+            s.rope_kv = true;
+            i += 2;
         }
-        if (op.out == quantized && op.kind != OpKind::KvStore) quantized = Buf::Count;  // input overwritten
+        if ((op.kind == OpKind::Rope || op.kind == OpKind::KvStore) && !s.rope_kv)
+            throw std::logic_error("the CPU backend runs rope(Q), rope(K) and kv_store as one step; the plan split them");
+        // A step that writes the quantized buffer makes its quantized copy stale.
+        bool writes = s.op.out == quantized;
+        for (int k = 0; k < s.n_parts; ++k) writes |= s.parts[k].out == quantized;
+        if (s.rope_kv) writes = quantized == Buf::Q || quantized == Buf::K;
+        if (writes) quantized = Buf::Count;
         steps_.push_back(s);
     }
-    qbuf_row_bytes_ = std::max(act_bytes(ActFormat::Q8_0, widest), act_bytes(ActFormat::Q8_K, widest));
-    qbuf_.assign(qbuf_row_bytes_ * static_cast<size_t>(plan_.max_tokens), 0);
+    for (ActFormat f : {ActFormat::Q8_0, ActFormat::Q8_K}) {
+        const int k = static_cast<int>(f);
+        qrow_bytes_[k] = act_bytes(f, (widest + 255) / 256 * 256);
+        qbuf_[k].assign(qrow_bytes_[k] * static_cast<size_t>(plan_.max_tokens), 0);
+    }
     scores_.assign(static_cast<size_t>(pool_.size() * kv_.capacity), 0.0f);
     kv_fn_ = precise_ ? kv_kernels_scalar(kv_.type) : kv_kernels(kv_.type);
 
@@ -87,22 +126,40 @@ Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, Thread
         inv_freq_[i] = 1.0f / std::pow(c_.rope_base, exponent);
         if (factors) inv_freq_[i] /= factors[i];
     }
+    rope_cos_.assign(static_cast<size_t>(plan_.max_tokens * (c_.rope_dim / 2)), 0.0f);
+    rope_sin_.assign(rope_cos_.size(), 0.0f);
 }
 
 size_t Executable::scratch_bytes() const {
-    return arena_.size() * sizeof(float) + qbuf_.size() + scores_.size() * sizeof(float) +
-           last_logits_.size() * sizeof(float);
+    return arena_.size() * sizeof(float) + qbuf_[1].size() + qbuf_[2].size() + scores_.size() * sizeof(float) +
+           last_logits_.size() * sizeof(float) + 2 * rope_cos_.size() * sizeof(float);
+}
+
+void Executable::quantize_rows(Buf b, unsigned formats, int64_t t0, int64_t t1, int64_t width) {
+    for (ActFormat f : {ActFormat::Q8_0, ActFormat::Q8_K}) {
+        if (!(formats & (1u << static_cast<int>(f)))) continue;
+        for (int64_t t = t0; t < t1; ++t) quantize_act(f, row(b, t), const_cast<uint8_t*>(qrow(f, t)), width);
+    }
 }
 
 void Executable::run(const StepInputs& in) {
+    // The step's rotation angles, once for all layers and heads.
+    const int64_t half = c_.rope_dim / 2;
+    for (int64_t t = 0; t < in.n_tokens; ++t) {
+        const float pos = static_cast<float>(in.pos0 + t) * c_.rope_linear_scale;
+        for (int64_t k = 0; k < half; ++k) {
+            const float theta = pos * inv_freq_[k];
+            rope_cos_[t * half + k] = std::cos(theta);
+            rope_sin_[t * half + k] = std::sin(theta);
+        }
+    }
     pool_.run([&](int ith, int nth) {
         for (const Step& s : steps_) {
-            if (s.quantize_input) {
+            if (s.quantize) {
                 const int64_t first = s.op.tail && !in.logits_out ? in.n_tokens - 1 : 0;
                 int64_t t0, t1;
                 split(in.n_tokens - first, ith, nth, &t0, &t1);
-                for (int64_t t = first + t0; t < first + t1; ++t)
-                    quantize_act(s.format, row(s.op.in, t), qbuf_.data() + t * qbuf_row_bytes_, s.op.weight->cols);
+                quantize_rows(s.op.in, s.quantize, first + t0, first + t1, s.parts[0].weight->cols);
                 pool_.barrier();
             }
             exec(s, in, ith, nth);
@@ -126,8 +183,9 @@ void Executable::exec(const Step& s, const StepInputs& in, int ith, int nth) {
             const int64_t first = op.tail && !in.logits_out ? in.n_tokens - 1 : 0;
             split(in.n_tokens - first, ith, nth, &t0, &t1);
             const float* w = reinterpret_cast<const float*>(op.weight->data);
-            for (int64_t t = first + t0; t < first + t1; ++t)
-                rms_norm(row(op.in, t), w, row(op.out, t), width_[static_cast<int>(op.in)], c_.norm_eps);
+            const int64_t width = width_[static_cast<int>(op.in)];
+            for (int64_t t = first + t0; t < first + t1; ++t) rms_norm(row(op.in, t), w, row(op.out, t), width, c_.norm_eps);
+            if (s.norm_quantize) quantize_rows(op.out, s.norm_quantize, first + t0, first + t1, width);
             return;
         }
         case OpKind::HeadRmsNorm: {
@@ -140,9 +198,10 @@ void Executable::exec(const Step& s, const StepInputs& in, int ith, int nth) {
             }
             return;
         }
-        case OpKind::MatMul: return matmul(s, in, ith, nth);
-        case OpKind::Rope: return rope(op, in, ith, nth);
-        case OpKind::KvStore: return kv_store(op, in, ith, nth);
+        case OpKind::MatMul: return s.glu ? glu(s, in, ith, nth) : matmul(s, in, ith, nth);
+        case OpKind::Rope: case OpKind::KvStore:
+            // The llama recipe always emits rope(Q), rope(K), kv_store together; prepare fused them.
+            return rope_kv(op.layer, in, ith, nth);
         case OpKind::Attention: return attention(op, in, ith, nth);
         case OpKind::SwiGLU: {
             const int64_t n = in.n_tokens * width_[static_cast<int>(op.in)];
@@ -155,70 +214,101 @@ void Executable::exec(const Step& s, const StepInputs& in, int ith, int nth) {
     }
 }
 
+// dot(weight row r of part p, token t's input) for tokens [t, t + m) into v (m ≤ 4).
+#define ER_DOT_TOKENS(p, wrow, t, m, v)                                                                     \
+    do {                                                                                                    \
+        if ((p).dot_rows && (m) > 1) {                                                                      \
+            const int fi = static_cast<int>((p).format);                                                    \
+            (p).dot_rows(wrow, qrow((p).format, t), qrow_bytes_[fi], (p).weight->cols, m, v, 1);            \
+        } else {                                                                                            \
+            for (int k_ = 0; k_ < (m); ++k_) {                                                              \
+                const void* x_ = (p).format == ActFormat::Float ? static_cast<const void*>(row(op.in, (t) + k_)) \
+                                                                 : qrow((p).format, (t) + k_);                \
+                (v)[k_] = (p).dot(wrow, x_, (p).weight->cols);                                              \
+            }                                                                                               \
+        }                                                                                                   \
+    } while (0)
+
 void Executable::matmul(const Step& s, const StepInputs& in, int ith, int nth) {
     const Op& op = s.op;
-    const Weight& w = *op.weight;
     const int64_t first = op.tail && !in.logits_out ? in.n_tokens - 1 : 0;
-    const bool to_logits = op.out == Buf::LOGITS;
-    const float* bias = op.bias ? reinterpret_cast<const float*>(op.bias->data) : nullptr;
-    int64_t r0, r1;
-    split(w.rows, ith, nth, &r0, &r1);
-    auto store = [&](int64_t t, int64_t r, float v) {
-        if (bias) v += bias[r];
-        float* y;
-        if (to_logits) y = in.logits_out ? in.logits_out + t * c_.n_vocab : last_logits_.data();
-        else y = row(op.out, t);
-        if (op.accumulate) y[r] += v;
-        else y[r] = v;
-    };
-    // Rows outer, tokens inner: each weight row is read from memory once per step; with a
-    // several-token kernel, unpacked once per 4 tokens.
-    for (int64_t r = r0; r < r1; ++r) {
-        const uint8_t* wrow = w.data + static_cast<size_t>(r) * w.row_bytes;
-        int64_t t = first;
-        if (s.dot_rows) {
-            for (; t + 1 < in.n_tokens; t += 4) {
+    int64_t total = 0;
+    for (int k = 0; k < s.n_parts; ++k) total += s.parts[k].weight->rows;
+    int64_t g0, g1;
+    split(total, ith, nth, &g0, &g1);
+    // Rows of the fused matrices are numbered one after another; this thread takes [g0, g1).
+    int64_t base = 0;
+    for (int k = 0; k < s.n_parts; ++k) {
+        const MatPart& p = s.parts[k];
+        const Weight& w = *p.weight;
+        const int64_t r0 = std::max<int64_t>(g0 - base, 0), r1 = std::min<int64_t>(g1 - base, w.rows);
+        base += w.rows;
+        const float* bias = p.bias ? reinterpret_cast<const float*>(p.bias->data) : nullptr;
+        const bool to_logits = p.out == Buf::LOGITS;
+        // Rows outer, tokens inner: each weight row is read from memory once per step, and
+        // unpacked once per 4 tokens where the type has a several-token kernel.
+        for (int64_t r = r0; r < r1; ++r) {
+            const uint8_t* wrow = w.data + static_cast<size_t>(r) * w.row_bytes;
+            for (int64_t t = first; t < in.n_tokens; t += 4) {
                 const int m = static_cast<int>(std::min<int64_t>(4, in.n_tokens - t));
                 float v[4];
-                s.dot_rows(wrow, qbuf_.data() + t * qbuf_row_bytes_, qbuf_row_bytes_, w.cols, m, v, 1);
-                for (int k = 0; k < m; ++k) store(t + k, r, v[k]);
+                ER_DOT_TOKENS(p, wrow, t, m, v);
+                for (int j = 0; j < m; ++j) {
+                    const float x = bias ? v[j] + bias[r] : v[j];
+                    float* y = to_logits ? (in.logits_out ? in.logits_out + (t + j) * c_.n_vocab : last_logits_.data())
+                                         : row(p.out, t + j);
+                    if (op.accumulate) y[r] += x;
+                    else y[r] = x;
+                }
             }
-        }
-        for (; t < in.n_tokens; ++t) {
-            const void* x = s.format == ActFormat::Float ? static_cast<const void*>(row(op.in, t))
-                                                          : qbuf_.data() + t * qbuf_row_bytes_;
-            store(t, r, s.dot(wrow, x, w.cols));
         }
     }
 }
 
-void Executable::rope(const Op& op, const StepInputs& in, int ith, int nth) {
+void Executable::glu(const Step& s, const StepInputs& in, int ith, int nth) {
+    const Op& op = s.op;
+    const MatPart& gate = s.parts[0];
+    const MatPart& up = s.parts[1];
+    int64_t r0, r1;
+    split(gate.weight->rows, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* grow = gate.weight->data + static_cast<size_t>(r) * gate.weight->row_bytes;
+        const uint8_t* urow = up.weight->data + static_cast<size_t>(r) * up.weight->row_bytes;
+        for (int64_t t = 0; t < in.n_tokens; t += 4) {
+            const int m = static_cast<int>(std::min<int64_t>(4, in.n_tokens - t));
+            float g[4], u[4];
+            ER_DOT_TOKENS(gate, grow, t, m, g);
+            ER_DOT_TOKENS(up, urow, t, m, u);
+            for (int j = 0; j < m; ++j) row(gate.out, t + j)[r] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+        }
+    }
+}
+#undef ER_DOT_TOKENS
+
+void Executable::rope_kv(int32_t layer, const StepInputs& in, int ith, int nth) {
     const int64_t hd = c_.head_dim, half = c_.rope_dim / 2;
+    const int64_t heads = c_.n_head + c_.n_head_kv;
     int64_t i0, i1;
-    split(in.n_tokens * op.heads, ith, nth, &i0, &i1);
+    split(in.n_tokens * heads, ith, nth, &i0, &i1);
     for (int64_t i = i0; i < i1; ++i) {
-        const int64_t t = i / op.heads;
-        float* x = row(op.in, t) + (i % op.heads) * hd;
-        const float pos = static_cast<float>(in.pos0 + t) * c_.rope_linear_scale;
+        const int64_t t = i / heads, h = i % heads;
+        float* x = h < c_.n_head ? row(Buf::Q, t) + h * hd : row(Buf::K, t) + (h - c_.n_head) * hd;
+        const float* cs = rope_cos_.data() + t * half;
+        const float* sn = rope_sin_.data() + t * half;
         for (int64_t k = 0; k < half; ++k) {
-            const float theta = pos * inv_freq_[k];
-            const float cs = std::cos(theta), sn = std::sin(theta);
             // Adjacent: dimensions (2k, 2k+1) rotate together; neox: (k, k + rope_dim/2).
             const int64_t a = c_.rope_style == RopeStyle::Adjacent ? 2 * k : k;
             const int64_t b = c_.rope_style == RopeStyle::Adjacent ? 2 * k + 1 : k + half;
             const float x0 = x[a], x1 = x[b];
-            x[a] = x0 * cs - x1 * sn;
-            x[b] = x0 * sn + x1 * cs;
+            x[a] = x0 * cs[k] - x1 * sn[k];
+            x[b] = x0 * sn[k] + x1 * cs[k];
         }
     }
-}
-
-void Executable::kv_store(const Op& op, const StepInputs& in, int ith, int nth) {
-    int64_t t0, t1;
-    split(in.n_tokens, ith, nth, &t0, &t1);
-    for (int64_t t = t0; t < t1; ++t) {
-        store_kv_row(kv_.type, row(Buf::K, t), kv_.k(op.layer, in.pos0 + t), kv_.kv_dim);
-        store_kv_row(kv_.type, row(Buf::V, t), kv_.v(op.layer, in.pos0 + t), kv_.kv_dim);
+    pool_.barrier();  // every K head of a token is rotated before the token's row is stored
+    split(in.n_tokens, ith, nth, &i0, &i1);
+    for (int64_t t = i0; t < i1; ++t) {
+        store_kv_row(kv_.type, row(Buf::K, t), kv_.k(layer, in.pos0 + t), kv_.kv_dim);
+        store_kv_row(kv_.type, row(Buf::V, t), kv_.v(layer, in.pos0 + t), kv_.kv_dim);
     }
 }
 

@@ -32,19 +32,35 @@ public:
     size_t scratch_bytes() const;
 
 private:
-    struct Step {
-        Op op;
+    // One matrix of a (possibly fused) matmul step.
+    struct MatPart {
+        const Weight* weight = nullptr;
+        const Weight* bias = nullptr;
+        Buf out = Buf::X;
+        ActFormat format = ActFormat::Float;
         DotFn dot = nullptr;
         DotRowsFn dot_rows = nullptr;  // several tokens per weight row, where the type has one
-        ActFormat format = ActFormat::Float;
-        bool quantize_input = false;  // quantize `in` into qbuf_ first (shared by later matmuls)
+    };
+    // A step: one plan op, or several fused at prepare time (so one barrier covers them):
+    //   matmuls on the same input (Q/K/V) as one step, gate+up+SiLU as one "glu" step,
+    //   rope(Q) + rope(K) + KV store as one step, an RMSNorm that also quantizes its output.
+    struct Step {
+        Op op;                    // the first op: kind, input, layer, heads, flags
+        MatPart parts[3];
+        int n_parts = 0;
+        bool glu = false;         // parts[0] = gate, parts[1] = up: out = silu(gate) * up
+        bool rope_kv = false;     // rope Q and K in place, then store K and V
+        unsigned quantize = 0;    // formats (1 << ActFormat) to quantize op.in into before the step
+        unsigned norm_quantize = 0;  // RmsNorm: formats to quantize each output row into
     };
 
     void exec(const Step& s, const StepInputs& in, int ith, int nth);
     void matmul(const Step& s, const StepInputs& in, int ith, int nth);
+    void glu(const Step& s, const StepInputs& in, int ith, int nth);
     void attention(const Op& op, const StepInputs& in, int ith, int nth);
-    void kv_store(const Op& op, const StepInputs& in, int ith, int nth);
-    void rope(const Op& op, const StepInputs& in, int ith, int nth);
+    void rope_kv(int32_t layer, const StepInputs& in, int ith, int nth);
+    void quantize_rows(Buf b, unsigned formats, int64_t t0, int64_t t1, int64_t width);
+    const uint8_t* qrow(ActFormat f, int64_t t) const { return qbuf_[static_cast<int>(f)].data() + t * qrow_bytes_[static_cast<int>(f)]; }
     float* row(Buf b, int64_t t) { return arena_.data() + offset_[static_cast<int>(b)] + t * width_[static_cast<int>(b)]; }
 
     const ModelConfig& c_;
@@ -56,11 +72,12 @@ private:
     size_t offset_[kBufCount] = {};
     int64_t width_[kBufCount] = {};
     std::vector<float> arena_;
-    std::vector<uint8_t> qbuf_;
-    size_t qbuf_row_bytes_ = 0;
+    std::vector<uint8_t> qbuf_[3];  // quantized activations, per ActFormat (Float unused)
+    size_t qrow_bytes_[3] = {};
     std::vector<float> scores_;  // per thread: one score per cache slot
     KvKernels kv_fn_{};
     std::vector<float> inv_freq_;
+    std::vector<float> rope_cos_, rope_sin_;  // per token of the step × rope_dim/2, filled once per step
     std::vector<float> last_logits_;
 };
 
