@@ -25,7 +25,6 @@ struct Weight {
 // Scratch activations: one row per token of the step, float32.
 enum class Buf : uint8_t { X, XN, Q, K, V, ATT, GATE, UP, LOGITS, Count };
 constexpr int kBufCount = static_cast<int>(Buf::Count);
-std::string_view buf_name(Buf b);
 
 enum class OpKind : uint8_t {
     Embed,        // X[t] = token_embd row of token t
@@ -37,7 +36,6 @@ enum class OpKind : uint8_t {
     Attention,    // out = causal softmax(Q Kᵀ / √d) V over the layer's cache (GQA)
     SwiGLU,       // out = silu(in) * UP   (in = GATE)
 };
-std::string_view op_name(OpKind k);
 
 struct Op {
     OpKind kind;

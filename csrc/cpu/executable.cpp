@@ -5,6 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "edgerunner/half.h"
 #include "edgerunner/quant_blocks.h"
 #include "edgerunner/quants.h"
 
@@ -29,7 +30,7 @@ void store_kv_row(KvType type, const float* x, uint8_t* slot, int64_t n) {
         case KvType::F32: std::memcpy(slot, x, static_cast<size_t>(n) * sizeof(float)); return;
         case KvType::F16: {
             auto* h = reinterpret_cast<uint16_t*>(slot);
-            for (int64_t i = 0; i < n; ++i) h[i] = f32_to_f16(x[i]);
+            for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(x[i]);
             return;
         }
         case KvType::Q8_0: quantize_row_q8_0(x, slot, n); return;
@@ -130,11 +131,6 @@ Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, Thread
     rope_sin_.assign(rope_cos_.size(), 0.0f);
 }
 
-size_t Executable::scratch_bytes() const {
-    return arena_.size() * sizeof(float) + qbuf_[1].size() + qbuf_[2].size() + scores_.size() * sizeof(float) +
-           last_logits_.size() * sizeof(float) + 2 * rope_cos_.size() * sizeof(float);
-}
-
 void Executable::quantize_rows(Buf b, unsigned formats, int64_t t0, int64_t t1, int64_t width) {
     for (ActFormat f : {ActFormat::Q8_0, ActFormat::Q8_K}) {
         if (!(formats & (1u << static_cast<int>(f)))) continue;
@@ -176,7 +172,7 @@ void Executable::exec(const Step& s, const StepInputs& in, int ith, int nth) {
             split(in.n_tokens, ith, nth, &t0, &t1);
             const Weight& w = *op.weight;
             for (int64_t t = t0; t < t1; ++t)
-                dequantize_into(w.type, w.data + static_cast<size_t>(in.tokens[t]) * w.row_bytes, row(Buf::X, t), w.cols);
+                dequantize_row(w.type, w.data + static_cast<size_t>(in.tokens[t]) * w.row_bytes, row(Buf::X, t), w.cols);
             return;
         }
         case OpKind::RmsNorm: {

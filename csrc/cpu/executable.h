@@ -29,7 +29,6 @@ public:
     void run(const StepInputs& in);
     const float* logits() const { return last_logits_.data(); }
     int64_t max_tokens() const { return plan_.max_tokens; }
-    size_t scratch_bytes() const;
 
 private:
     // One matrix of a (possibly fused) matmul step.

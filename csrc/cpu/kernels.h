@@ -84,11 +84,4 @@ void kv_values_loop(const uint8_t* base, size_t slot_bytes, int64_t capacity, in
     }
 }
 
-// Decode one row of n elements (embedding look-ups).
-void dequantize_into(TensorType type, const void* row, float* y, int64_t n);
-
-// fp16 <-> fp32 for the KV cache (table-driven decode).
-float f16_to_f32(uint16_t h);
-uint16_t f32_to_f16(float f);
-
 }  // namespace edgerunner::cpu

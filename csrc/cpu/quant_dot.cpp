@@ -453,9 +453,5 @@ KvKernels kv_kernels_scalar(KvType type) {
     return {nullptr, nullptr};
 }
 
-void dequantize_into(TensorType type, const void* row, float* y, int64_t n) { dequantize_row(type, row, y, n); }
-
-float f16_to_f32(uint16_t h) { return h2f(h); }
-uint16_t f32_to_f16(float f) { return fp32_to_fp16(f); }
 
 }  // namespace edgerunner::cpu

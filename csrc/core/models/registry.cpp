@@ -14,15 +14,4 @@ Plan build_plan(const ModelConfig& c, const ModelWeights& m, StepKind kind, int6
     throw std::invalid_argument("no recipe for architecture '" + c.arch + "'");
 }
 
-std::string_view buf_name(Buf b) {
-    static constexpr std::string_view names[] = {"x", "xn", "q", "k", "v", "att", "gate", "up", "logits"};
-    return names[static_cast<int>(b)];
-}
-
-std::string_view op_name(OpKind k) {
-    static constexpr std::string_view names[] = {"embed", "rms_norm", "head_rms_norm", "matmul",
-                                                 "rope", "kv_store", "attention", "swiglu"};
-    return names[static_cast<int>(k)];
-}
-
 }  // namespace edgerunner
