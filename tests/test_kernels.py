@@ -66,3 +66,26 @@ def test_isa_names():
     assert _core.cpu_isa() in ("scalar", "avx2", "avxvnni")
     with pytest.raises(ValueError, match="unknown instruction set"):
         _core.cpu_dot(0, np.zeros(128, np.uint8), np.zeros(32, np.float32), "sse9")
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_prefill_tiles_equal_single_token_dots_bitwise(name):
+    """A token's result must not depend on how many rows or tokens shared its step: every
+    (row, token) of a 1-2 × 1-4 tile equals the single-token kernel of the same ISA exactly."""
+    seed = random.randrange(2**32)
+    rng = np.random.default_rng(seed)
+    type_id = quants.type_id(name)
+    block = 256 if name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS") else 32
+    n = 5 * block
+    for isa in available_isas():
+        for n_rows in (1, 2):
+            for n_tok in (1, 2, 3, 4):
+                rows = np.stack([random_row(name, n, rng) for _ in range(n_rows)])
+                x = rng.normal(0, 1, (n_tok, n)).astype(np.float32)
+                tile = _core.cpu_dot_tile(type_id, rows, x, isa)
+                if tile is None:
+                    continue
+                for i in range(n_rows):
+                    for k in range(n_tok):
+                        single = _core.cpu_dot(type_id, rows[i], x[k], isa)
+                        assert np.float32(tile[i][k]) == np.float32(single), f"{name} {isa} seed {seed} ({i},{k})"

@@ -450,56 +450,66 @@ struct Q8_0 {
     static __m256i load(const Block& b) { return load32(b.qs); }
 };
 
-// Up to M tokens (m of them) against one weight row. Blocks alternate between two
-// accumulators per token so consecutive fused multiply-adds do not wait on each other.
-template <typename F, int M>
-inline void dot_tile_32(const typename F::Block* w, const uint8_t* x, size_t x_stride, int64_t nb, int m, float* out,
-                        size_t out_stride) {
-    const block_q8_0* a[M];
-    const float* asum[M];
-    __m256 acc[M][2];
-    float mins[M][2];
+// Up to R weight rows × T tokens (r × m of them) at once: each weight block is unpacked once
+// for all tokens and each activation block loaded once for all rows. Per (row, token) the
+// arithmetic is always the same — one accumulator, blocks in order — whatever the tile, so a
+// token's result does not depend on how many tokens or rows shared its step.
+template <typename F, int R, int T>
+inline void dot_tile_32(const uint8_t* wp, size_t w_stride, int r, const uint8_t* x, size_t x_stride, int m,
+                        int64_t nb, float* out) {
+    const typename F::Block* w[R];
+    const block_q8_0* a[T];
+    const float* asum[T];
+    __m256 acc[R][T];
+    float mins[R][T];
+    for (int i = 0; i < r; ++i) w[i] = reinterpret_cast<const typename F::Block*>(wp + i * w_stride);
     for (int k = 0; k < m; ++k) {
         a[k] = reinterpret_cast<const block_q8_0*>(x + k * x_stride);
         asum[k] = q8_0_sums(a[k], nb);
-        acc[k][0] = acc[k][1] = _mm256_setzero_ps();
-        mins[k][0] = mins[k][1] = 0;
     }
+    for (int i = 0; i < R; ++i)
+        for (int k = 0; k < T; ++k) {
+            acc[i][k] = _mm256_setzero_ps();
+            mins[i][k] = 0;
+        }
     for (int64_t b = 0; b < nb; ++b) {
-        const int j = static_cast<int>(b & 1);
-        const __m256i q = F::load(w[b]);
-        const float dw = h2f(w[b].d);
+        __m256i q[R];
+        float dw[R];
+        for (int i = 0; i < r; ++i) {
+            q[i] = F::load(w[i][b]);
+            dw[i] = h2f(w[i][b].d);
+        }
         for (int k = 0; k < m; ++k) {
             const __m256i qa = load32(a[k][b].qs);
-            const __m256i p = F::kSigned ? dot_s8s8(q, qa) : dot_u8s8(q, qa);
-            acc[k][j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * h2f(a[k][b].d)), _mm256_cvtepi32_ps(p), acc[k][j]);
-            if constexpr (F::kOffset) mins[k][j] += h2f(w[b].m) * asum[k][b];
+            const float da = h2f(a[k][b].d);
+            for (int i = 0; i < r; ++i) {
+                const __m256i p = F::kSigned ? dot_s8s8(q[i], qa) : dot_u8s8(q[i], qa);
+                acc[i][k] = _mm256_fmadd_ps(_mm256_set1_ps(dw[i] * da), _mm256_cvtepi32_ps(p), acc[i][k]);
+                if constexpr (F::kOffset) mins[i][k] += h2f(w[i][b].m) * asum[k][b];
+            }
         }
     }
-    for (int k = 0; k < m; ++k) {
-        const float v = hsum(_mm256_add_ps(acc[k][0], acc[k][1]));
-        out[k * out_stride] = F::kOffset ? v + (mins[k][0] + mins[k][1]) : v;
-    }
+    for (int i = 0; i < r; ++i)
+        for (int k = 0; k < m; ++k) out[i * 4 + k] = F::kOffset ? hsum(acc[i][k]) + mins[i][k] : hsum(acc[i][k]);
 }
 
 template <typename F>
 float dot_32(const void* row, const void* x, int64_t n) {
-    float out;
-    dot_tile_32<F, 1>(static_cast<const typename F::Block*>(row), static_cast<const uint8_t*>(x), 0, n / QK8_0, 1, &out, 1);
-    return out;
+    float out[4];
+    dot_tile_32<F, 1, 1>(static_cast<const uint8_t*>(row), 0, 1, static_cast<const uint8_t*>(x), 0, 1, n / QK8_0, out);
+    return out[0];
 }
 
 template <typename F>
-void dot_rows_32(const void* row, const void* xv, size_t x_stride, int64_t n, int n_tok, float* out, size_t out_stride) {
-    const auto* w = static_cast<const typename F::Block*>(row);
-    const auto* x = static_cast<const uint8_t*>(xv);
-    for (int t0 = 0; t0 < n_tok; t0 += 4) {
-        const int m = n_tok - t0 < 4 ? n_tok - t0 : 4;
-        dot_tile_32<F, 4>(w, x + t0 * x_stride, x_stride, n / QK8_0, m, out + t0 * out_stride, out_stride);
-    }
+void dot_rows_32(const void* w, size_t w_stride, int n_rows, const void* x, size_t x_stride, int n_tok, int64_t n,
+                 float* out) {
+    const auto* wp = static_cast<const uint8_t*>(w);
+    const auto* xp = static_cast<const uint8_t*>(x);
+    if (n_rows == 2) dot_tile_32<F, 2, 4>(wp, w_stride, 2, xp, x_stride, n_tok, n / QK8_0, out);
+    else dot_tile_32<F, 1, 4>(wp, w_stride, 1, xp, x_stride, n_tok, n / QK8_0, out);
 }
 
-void dot_rows_q4_K(const void* row, const void* xv, size_t x_stride, int64_t n, int n_tok, float* out, size_t out_stride) {
+void dot_rows_q4_K_one(const void* row, const void* xv, size_t x_stride, int64_t n, int n_tok, float* out, size_t out_stride) {
     const auto* w = static_cast<const block_q4_K*>(row);
     const auto* x = static_cast<const uint8_t*>(xv);
     const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -537,7 +547,7 @@ void dot_rows_q4_K(const void* row, const void* xv, size_t x_stride, int64_t n, 
     }
 }
 
-void dot_rows_q6_K(const void* row, const void* xv, size_t x_stride, int64_t n, int n_tok, float* out, size_t out_stride) {
+void dot_rows_q6_K_one(const void* row, const void* xv, size_t x_stride, int64_t n, int n_tok, float* out, size_t out_stride) {
     const auto* w = static_cast<const block_q6_K*>(row);
     const auto* x = static_cast<const uint8_t*>(xv);
     const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
@@ -576,6 +586,12 @@ void dot_rows_q6_K(const void* row, const void* xv, size_t x_stride, int64_t n, 
     }
 }
 
+template <void (*One)(const void*, const void*, size_t, int64_t, int, float*, size_t)>
+void dot_rows_k(const void* w, size_t w_stride, int n_rows, const void* x, size_t x_stride, int n_tok, int64_t n,
+                float* out) {
+    for (int i = 0; i < n_rows; ++i) One(static_cast<const uint8_t*>(w) + i * w_stride, x, x_stride, n, n_tok, out + 4 * i, 1);
+}
+
 }  // namespace
 
 float dot_q4_0(const void* row, const void* x, int64_t n) { return dot_32<Q4_0>(row, x, n); }
@@ -591,8 +607,8 @@ DotRowsFn dot_rows_fn(TensorType type) {
         case TensorType::Q5_0: return dot_rows_32<Q5_0>;
         case TensorType::Q5_1: return dot_rows_32<Q5_1>;
         case TensorType::Q8_0: return dot_rows_32<Q8_0>;
-        case TensorType::Q4_K: return dot_rows_q4_K;
-        case TensorType::Q6_K: return dot_rows_q6_K;
+        case TensorType::Q4_K: return dot_rows_k<dot_rows_q4_K_one>;
+        case TensorType::Q6_K: return dot_rows_k<dot_rows_q6_K_one>;
         default: return nullptr;
     }
 }

@@ -210,18 +210,21 @@ void Executable::exec(const Step& s, const StepInputs& in, int ith, int nth) {
     }
 }
 
-// dot(weight row r of part p, token t's input) for tokens [t, t + m) into v (m ≤ 4).
-#define ER_DOT_TOKENS(p, wrow, t, m, v)                                                                     \
+// dot(weight rows [r, r + nr) of part p, tokens [t, t + m)) into v[row * 4 + token]; nr ≤ 2, m ≤ 4.
+#define ER_DOT_TILE(p, r, nr, t, m, v)                                                                      \
     do {                                                                                                    \
+        const Weight& w_ = *(p).weight;                                                                     \
+        const uint8_t* wrow_ = w_.data + static_cast<size_t>(r) * w_.row_bytes;                             \
         if ((p).dot_rows && (m) > 1) {                                                                      \
-            const int fi = static_cast<int>((p).format);                                                    \
-            (p).dot_rows(wrow, qrow((p).format, t), qrow_bytes_[fi], (p).weight->cols, m, v, 1);            \
+            const int fi_ = static_cast<int>((p).format);                                                   \
+            (p).dot_rows(wrow_, w_.row_bytes, nr, qrow((p).format, t), qrow_bytes_[fi_], m, w_.cols, v);   \
         } else {                                                                                            \
-            for (int k_ = 0; k_ < (m); ++k_) {                                                              \
-                const void* x_ = (p).format == ActFormat::Float ? static_cast<const void*>(row(op.in, (t) + k_)) \
-                                                                 : qrow((p).format, (t) + k_);                \
-                (v)[k_] = (p).dot(wrow, x_, (p).weight->cols);                                              \
-            }                                                                                               \
+            for (int i_ = 0; i_ < (nr); ++i_)                                                               \
+                for (int k_ = 0; k_ < (m); ++k_) {                                                          \
+                    const void* x_ = (p).format == ActFormat::Float ? static_cast<const void*>(row(op.in, (t) + k_)) \
+                                                                     : qrow((p).format, (t) + k_);            \
+                    (v)[i_ * 4 + k_] = (p).dot(wrow_ + i_ * w_.row_bytes, x_, w_.cols);                     \
+                }                                                                                           \
         }                                                                                                   \
     } while (0)
 
@@ -241,21 +244,21 @@ void Executable::matmul(const Step& s, const StepInputs& in, int ith, int nth) {
         base += w.rows;
         const float* bias = p.bias ? reinterpret_cast<const float*>(p.bias->data) : nullptr;
         const bool to_logits = p.out == Buf::LOGITS;
-        // Rows outer, tokens inner: each weight row is read from memory once per step, and
-        // unpacked once per 4 tokens where the type has a several-token kernel.
-        for (int64_t r = r0; r < r1; ++r) {
-            const uint8_t* wrow = w.data + static_cast<size_t>(r) * w.row_bytes;
+        // Tiles of 2 rows × 4 tokens: each weight row is read from memory once per step.
+        for (int64_t r = r0; r < r1; r += 2) {
+            const int nr = static_cast<int>(std::min<int64_t>(2, r1 - r));
             for (int64_t t = first; t < in.n_tokens; t += 4) {
                 const int m = static_cast<int>(std::min<int64_t>(4, in.n_tokens - t));
-                float v[4];
-                ER_DOT_TOKENS(p, wrow, t, m, v);
-                for (int j = 0; j < m; ++j) {
-                    const float x = bias ? v[j] + bias[r] : v[j];
-                    float* y = to_logits ? (in.logits_out ? in.logits_out + (t + j) * c_.n_vocab : last_logits_.data())
-                                         : row(p.out, t + j);
-                    if (op.accumulate) y[r] += x;
-                    else y[r] = x;
-                }
+                float v[8];
+                ER_DOT_TILE(p, r, nr, t, m, v);
+                for (int i = 0; i < nr; ++i)
+                    for (int j = 0; j < m; ++j) {
+                        const float x = bias ? v[i * 4 + j] + bias[r + i] : v[i * 4 + j];
+                        float* y = to_logits ? (in.logits_out ? in.logits_out + (t + j) * c_.n_vocab : last_logits_.data())
+                                             : row(p.out, t + j);
+                        if (op.accumulate) y[r + i] += x;
+                        else y[r + i] = x;
+                    }
             }
         }
     }
@@ -267,19 +270,19 @@ void Executable::glu(const Step& s, const StepInputs& in, int ith, int nth) {
     const MatPart& up = s.parts[1];
     int64_t r0, r1;
     split(gate.weight->rows, ith, nth, &r0, &r1);
-    for (int64_t r = r0; r < r1; ++r) {
-        const uint8_t* grow = gate.weight->data + static_cast<size_t>(r) * gate.weight->row_bytes;
-        const uint8_t* urow = up.weight->data + static_cast<size_t>(r) * up.weight->row_bytes;
+    for (int64_t r = r0; r < r1; r += 2) {
+        const int nr = static_cast<int>(std::min<int64_t>(2, r1 - r));
         for (int64_t t = 0; t < in.n_tokens; t += 4) {
             const int m = static_cast<int>(std::min<int64_t>(4, in.n_tokens - t));
-            float g[4], u[4];
-            ER_DOT_TOKENS(gate, grow, t, m, g);
-            ER_DOT_TOKENS(up, urow, t, m, u);
-            for (int j = 0; j < m; ++j) row(gate.out, t + j)[r] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+            float g[8], u[8];
+            ER_DOT_TILE(gate, r, nr, t, m, g);
+            ER_DOT_TILE(up, r, nr, t, m, u);
+            for (int i = 0; i < nr; ++i)
+                for (int j = 0; j < m; ++j) row(gate.out, t + j)[r + i] = g[i * 4 + j] / (1.0f + std::exp(-g[i * 4 + j])) * u[i * 4 + j];
         }
     }
 }
-#undef ER_DOT_TOKENS
+#undef ER_DOT_TILE
 
 void Executable::rope_kv(int32_t layer, const StepInputs& in, int ith, int nth) {
     const int64_t hd = c_.head_dim, half = c_.rope_dim / 2;

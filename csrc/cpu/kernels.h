@@ -42,11 +42,12 @@ DotFn dot_float_fn(TensorType type);                          // precise: dequan
 DotFn dot_quant_fn(TensorType type, Isa isa = best_isa());    // fast: the weight's activation format
 DotFn dot_quant_fn_scalar(TensorType type);                   // the reference the SIMD kernels equal
 
-// One weight row against n_tok activation rows (x_stride bytes apart): out[t * out_stride].
-// Per token the same arithmetic, in the same order, as the single-token DotFn. Null where a
-// type has no such kernel (the caller then loops the DotFn).
-using DotRowsFn = void (*)(const void* row, const void* x, size_t x_stride, int64_t n, int n_tok, float* out,
-                           size_t out_stride);
+// A tile for prefill: n_rows (1 or 2) weight rows, w_stride bytes apart, against n_tok (1-4)
+// activation rows, x_stride bytes apart: out[row * 4 + token]. Per (row, token) the same
+// arithmetic, in the same order, as the single-token DotFn. Null where a type has no tile
+// kernel (the caller then loops the DotFn).
+using DotRowsFn = void (*)(const void* w, size_t w_stride, int n_rows, const void* x, size_t x_stride, int n_tok,
+                           int64_t n, float* out);
 DotRowsFn dot_rows_fn(TensorType type, Isa isa = best_isa());
 
 // Attention over one head of the cache, positions [start, end): slot p is at

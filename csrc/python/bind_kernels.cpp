@@ -41,7 +41,36 @@ void bind_kernels(nb::module_& m) {
 // token divided by this.
 void bind_bandwidth(nb::module_& m);
 
+// The prefill tile kernel for `rows` (n_rows × row bytes) against `x` (n_tok × n floats):
+// an (n_rows, n_tok) array, or None where the type has no tile kernel for this ISA.
+static nb::object cpu_dot_tile(uint32_t type_id, nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig> rows,
+                               nb::ndarray<const float, nb::ndim<2>, nb::c_contig> x, const std::string& isa) {
+    auto info = tensor_type_info(type_id);
+    if (!info || !info->dequantize) throw std::invalid_argument("no kernel for tensor type id " + std::to_string(type_id));
+    const int n_rows = static_cast<int>(rows.shape(0)), n_tok = static_cast<int>(x.shape(0));
+    const int64_t n = static_cast<int64_t>(x.shape(1));
+    if (n_rows < 1 || n_rows > 2 || n_tok < 1 || n_tok > 4) throw std::invalid_argument("a tile is 1-2 rows × 1-4 tokens");
+    if (n % info->block_size != 0 || rows.shape(1) != static_cast<size_t>(n / info->block_size * info->type_size))
+        throw std::invalid_argument("rows and x sizes do not match the type's blocks");
+    cpu::DotRowsFn fn = cpu::dot_rows_fn(info->type, cpu::parse_isa(isa.c_str()));
+    if (!fn) return nb::none();
+    const cpu::ActFormat format = cpu::act_format_for(info->type);
+    const size_t qbytes = cpu::act_bytes(format, n);
+    std::vector<uint8_t> q(qbytes * n_tok);
+    for (int t = 0; t < n_tok; ++t) cpu::quantize_act(format, x.data() + t * n, q.data() + t * qbytes, n);
+    float out[8];
+    fn(rows.data(), rows.shape(1), n_rows, q.data(), qbytes, n_tok, n, out);
+    nb::list result;
+    for (int i = 0; i < n_rows; ++i) {
+        nb::list r;
+        for (int k = 0; k < n_tok; ++k) r.append(out[i * 4 + k]);
+        result.append(r);
+    }
+    return result;
+}
+
 void bind_bandwidth(nb::module_& m) {
+    m.def("cpu_dot_tile", &cpu_dot_tile, nb::arg("type_id"), nb::arg("rows"), nb::arg("x"), nb::arg("isa"));
     m.def("read_bandwidth", [](size_t n_bytes, int n_threads, int reps) {
         nb::gil_scoped_release release;
         const size_t n = n_bytes / sizeof(uint64_t);
