@@ -6,6 +6,10 @@
 
 #include "kernels.h"
 
+#if defined(ER_HAVE_X86_KERNELS)
+#include <cpuid.h>
+#endif
+
 namespace edgerunner::cpu {
 
 #if defined(ER_HAVE_X86_KERNELS)
@@ -25,12 +29,22 @@ namespace {
 
 Isa detect() {
 #if defined(ER_HAVE_X86_KERNELS)
-    __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    if (avx2 && __builtin_cpu_supports("avxvnni")) return Isa::AvxVnni;
-    if (avx2) return Isa::Avx2;
-#endif
+    // cpuid directly: compilers differ in which names __builtin_cpu_supports knows.
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return Isa::Scalar;
+    const bool fma = c & (1u << 12), f16c = c & (1u << 29), osxsave = c & (1u << 27);
+    if (!osxsave) return Isa::Scalar;
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    if ((xcr0_lo & 6u) != 6u) return Isa::Scalar;  // the OS does not save YMM state
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return Isa::Scalar;
+    const bool avx2 = b & (1u << 5);
+    if (!(avx2 && fma && f16c)) return Isa::Scalar;
+    if (__get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4))) return Isa::AvxVnni;
+    return Isa::Avx2;
+#else
     return Isa::Scalar;
+#endif
 }
 
 Isa cpu_isa() {
