@@ -493,11 +493,23 @@ inline void dot_tile_32(const uint8_t* wp, size_t w_stride, int r, const uint8_t
         for (int k = 0; k < m; ++k) out[i * 4 + k] = F::kOffset ? hsum(acc[i][k]) + mins[i][k] : hsum(acc[i][k]);
 }
 
+// The single-token form of dot_tile_32, spelled out (the same operations in the same order).
 template <typename F>
-float dot_32(const void* row, const void* x, int64_t n) {
-    float out[4];
-    dot_tile_32<F, 1, 1>(static_cast<const uint8_t*>(row), 0, 1, static_cast<const uint8_t*>(x), 0, 1, n / QK8_0, out);
-    return out[0];
+float dot_32(const void* row, const void* xv, int64_t n) {
+    const auto* w = static_cast<const typename F::Block*>(row);
+    const auto* a = static_cast<const block_q8_0*>(xv);
+    const int64_t nb = n / QK8_0;
+    const float* asum = q8_0_sums(xv, nb);
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0;
+    for (int64_t b = 0; b < nb; ++b) {
+        const __m256i q = F::load(w[b]);
+        const __m256i qa = load32(a[b].qs);
+        const __m256i p = F::kSigned ? dot_s8s8(q, qa) : dot_u8s8(q, qa);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * h2f(a[b].d)), _mm256_cvtepi32_ps(p), acc);
+        if constexpr (F::kOffset) mins += h2f(w[b].m) * asum[b];
+    }
+    return F::kOffset ? hsum(acc) + mins : hsum(acc);
 }
 
 template <typename F>

@@ -43,13 +43,7 @@ Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, Thread
     : c_(config), plan_(std::move(plan)), kv_(kv), pool_(pool), precise_(precise) {
     const int64_t q_dim = c_.n_head * c_.head_dim, kv_dim = c_.n_head_kv * c_.head_dim;
     const int64_t widths[kBufCount] = {c_.n_embd, c_.n_embd, q_dim, kv_dim, kv_dim, q_dim, c_.n_ff, c_.n_ff, 0};
-    size_t total = 0;
-    for (int b = 0; b < kBufCount; ++b) {
-        width_[b] = widths[b];
-        offset_[b] = total;
-        total += static_cast<size_t>(widths[b] * plan_.max_tokens);
-    }
-    arena_.assign(total, 0.0f);
+    for (int b = 0; b < kBufCount; ++b) width_[b] = widths[b];
     last_logits_.assign(static_cast<size_t>(c_.n_vocab), 0.0f);
 
     // Fuse ops into steps (see Step), choose kernels, and place activation quantization: a
@@ -108,6 +102,19 @@ Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, Thread
         if (writes) quantized = Buf::Count;
         steps_.push_back(s);
     }
+    // The arena holds only the buffers the fused steps touch (gate+up+SiLU needs no UP rows).
+    bool used[kBufCount] = {};
+    for (const Step& st : steps_) {
+        used[static_cast<int>(st.op.in)] = used[static_cast<int>(st.op.out)] = true;
+        for (int k = 0; k < st.n_parts; ++k) used[static_cast<int>(st.parts[k].out)] = true;
+        if (st.rope_kv) used[static_cast<int>(Buf::Q)] = used[static_cast<int>(Buf::K)] = used[static_cast<int>(Buf::V)] = true;
+    }
+    size_t total = 0;
+    for (int b = 0; b < kBufCount; ++b) {
+        offset_[b] = total;
+        if (used[b]) total += static_cast<size_t>(width_[b] * plan_.max_tokens);
+    }
+    arena_.assign(total, 0.0f);
     for (ActFormat f : {ActFormat::Q8_0, ActFormat::Q8_K}) {
         const int k = static_cast<int>(f);
         qrow_bytes_[k] = act_bytes(f, (widest + 255) / 256 * 256);

@@ -70,6 +70,28 @@ static nb::object cpu_dot_tile(uint32_t type_id, nb::ndarray<const uint8_t, nb::
 }
 
 void bind_bandwidth(nb::module_& m) {
+    m.def("cpu_gemv", [](uint32_t type_id, nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig> rows,
+                         nb::ndarray<const float, nb::ndim<1>, nb::c_contig> x, const std::string& isa) {
+        auto info = tensor_type_info(type_id);
+        if (!info || !info->dequantize) throw std::invalid_argument("no kernel for tensor type id " + std::to_string(type_id));
+        const int64_t n = static_cast<int64_t>(x.shape(0));
+        if (n % info->block_size != 0 || rows.shape(1) != static_cast<size_t>(n / info->block_size * info->type_size))
+            throw std::invalid_argument("rows and x sizes do not match the type's blocks");
+        const cpu::ActFormat format = cpu::act_format_for(info->type);
+        std::vector<uint8_t> q(cpu::act_bytes(format, n));
+        cpu::quantize_act(format, x.data(), q.data(), n);
+        cpu::DotFn fn = isa == "scalar" ? cpu::dot_quant_fn_scalar(info->type) : cpu::dot_quant_fn(info->type, cpu::parse_isa(isa.c_str()));
+        const size_t n_rows = rows.shape(0), row_bytes = rows.shape(1);
+        float* y = new float[n_rows];
+        {
+            nb::gil_scoped_release release;
+            for (size_t r = 0; r < n_rows; ++r) y[r] = fn(rows.data() + r * row_bytes, q.data(), n);
+        }
+        nb::capsule owner(y, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+        size_t shape[1] = {n_rows};
+        return nb::ndarray<nb::numpy, float, nb::ndim<1>>(y, 1, shape, owner);
+    }, nb::arg("type_id"), nb::arg("rows"), nb::arg("x"), nb::arg("isa"),
+       "One thread's matrix-vector product with the given kernels (for the kernel microbenchmarks).");
     m.def("cpu_dot_tile", &cpu_dot_tile, nb::arg("type_id"), nb::arg("rows"), nb::arg("x"), nb::arg("isa"));
     m.def("read_bandwidth", [](size_t n_bytes, int n_threads, int reps) {
         nb::gil_scoped_release release;
