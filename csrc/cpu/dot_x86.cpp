@@ -455,8 +455,8 @@ struct Q8_0 {
 // arithmetic is always the same — one accumulator, blocks in order — whatever the tile, so a
 // token's result does not depend on how many tokens or rows shared its step.
 template <typename F, int R, int T>
-inline void dot_tile_32(const uint8_t* wp, size_t w_stride, int r, const uint8_t* x, size_t x_stride, int m,
-                        int64_t nb, float* out) {
+inline void dot_tile_32(const uint8_t* wp, size_t w_stride, const uint8_t* x, size_t x_stride, int64_t nb, float* out) {
+    constexpr int r = R, m = T;  // compile-time, so the accumulators stay in registers
     const typename F::Block* w[R];
     const block_q8_0* a[T];
     const float* asum[T];
@@ -517,8 +517,17 @@ void dot_rows_32(const void* w, size_t w_stride, int n_rows, const void* x, size
                  float* out) {
     const auto* wp = static_cast<const uint8_t*>(w);
     const auto* xp = static_cast<const uint8_t*>(x);
-    if (n_rows == 2) dot_tile_32<F, 2, 4>(wp, w_stride, 2, xp, x_stride, n_tok, n / QK8_0, out);
-    else dot_tile_32<F, 1, 4>(wp, w_stride, 1, xp, x_stride, n_tok, n / QK8_0, out);
+    const int64_t nb = n / QK8_0;
+    switch (n_rows * 4 + n_tok) {
+        case 4 + 1: return dot_tile_32<F, 1, 1>(wp, w_stride, xp, x_stride, nb, out);
+        case 4 + 2: return dot_tile_32<F, 1, 2>(wp, w_stride, xp, x_stride, nb, out);
+        case 4 + 3: return dot_tile_32<F, 1, 3>(wp, w_stride, xp, x_stride, nb, out);
+        case 4 + 4: return dot_tile_32<F, 1, 4>(wp, w_stride, xp, x_stride, nb, out);
+        case 8 + 1: return dot_tile_32<F, 2, 1>(wp, w_stride, xp, x_stride, nb, out);
+        case 8 + 2: return dot_tile_32<F, 2, 2>(wp, w_stride, xp, x_stride, nb, out);
+        case 8 + 3: return dot_tile_32<F, 2, 3>(wp, w_stride, xp, x_stride, nb, out);
+        default: return dot_tile_32<F, 2, 4>(wp, w_stride, xp, x_stride, nb, out);
+    }
 }
 
 void dot_rows_q4_K_one(const void* row, const void* xv, size_t x_stride, int64_t n, int n_tok, float* out, size_t out_stride) {
