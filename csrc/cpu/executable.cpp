@@ -222,7 +222,7 @@ void Executable::exec(const Step& s, const StepInputs& in, int ith, int nth) {
     do {                                                                                                    \
         const Weight& w_ = *(p).weight;                                                                     \
         const uint8_t* wrow_ = w_.data + static_cast<size_t>(r) * w_.row_bytes;                             \
-        if ((p).dot_rows && (m) > 1) {                                                                      \
+        if ((p).dot_rows && ((m) > 1 || (nr) > 1)) {                                                     \
             const int fi_ = static_cast<int>((p).format);                                                   \
             (p).dot_rows(wrow_, w_.row_bytes, nr, qrow((p).format, t), qrow_bytes_[fi_], m, w_.cols, v);   \
         } else {                                                                                            \
