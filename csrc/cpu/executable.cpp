@@ -25,18 +25,6 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
     for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
 }
 
-void store_kv_row(KvType type, const float* x, uint8_t* slot, int64_t n) {
-    switch (type) {
-        case KvType::F32: std::memcpy(slot, x, static_cast<size_t>(n) * sizeof(float)); return;
-        case KvType::F16: {
-            auto* h = reinterpret_cast<uint16_t*>(slot);
-            for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(x[i]);
-            return;
-        }
-        case KvType::Q8_0: quantize_row_q8_0(x, slot, n); return;
-    }
-}
-
 }  // namespace
 
 Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, ThreadPool& pool, bool precise)

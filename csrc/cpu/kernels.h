@@ -65,6 +65,9 @@ struct KvKernels {
 KvKernels kv_kernels(KvType type, Isa isa = best_isa());
 KvKernels kv_kernels_scalar(KvType type);
 
+// One token's K or V row (n values) into a cache slot, in the cache precision.
+void store_kv_row(KvType type, const float* x, uint8_t* slot, int64_t n);
+
 // The position loops around a per-slot dot / axpy (instantiated per backend file).
 template <float (*Dot)(const void*, const float*, int64_t)>
 void kv_scores_loop(const uint8_t* base, size_t slot_bytes, int64_t capacity, int64_t start, int64_t end,

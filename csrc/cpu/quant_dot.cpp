@@ -444,6 +444,18 @@ DotFn dot_float_fn(TensorType type) {
     }
 }
 
+void store_kv_row(KvType type, const float* x, uint8_t* slot, int64_t n) {
+    switch (type) {
+        case KvType::F32: std::memcpy(slot, x, static_cast<size_t>(n) * sizeof(float)); return;
+        case KvType::F16: {
+            auto* h = reinterpret_cast<uint16_t*>(slot);
+            for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(x[i]);
+            return;
+        }
+        case KvType::Q8_0: quantize_row_q8_0(x, slot, n); return;
+    }
+}
+
 KvKernels kv_kernels_scalar(KvType type) {
     switch (type) {
         case KvType::F32: return {kv_scores_loop<kv_dot_f32>, kv_values_loop<kv_axpy_f32>};

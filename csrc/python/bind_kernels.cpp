@@ -5,6 +5,7 @@
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <memory>
 #include <stdexcept>
@@ -104,6 +105,31 @@ static nb::object cpu_dot_tile(uint32_t type_id, nb::ndarray<const uint8_t, nb::
 }
 
 void bind_bandwidth(nb::module_& m) {
+    m.def("kv_attention", [](const std::string& kv_type, nb::ndarray<const float, nb::ndim<2>, nb::c_contig> k,
+                             nb::ndarray<const float, nb::ndim<2>, nb::c_contig> v, nb::ndarray<const float, nb::ndim<1>, nb::c_contig> q,
+                             const std::string& isa) {
+        // One head's attention through the cache kernels: K and V rows (positions × head size)
+        // are stored in the cache precision, then scores = q·k / √d and out = Σ softmax · v.
+        const KvType type = parse_kv_type(kv_type);
+        const int64_t n_pos = static_cast<int64_t>(k.shape(0)), hd = static_cast<int64_t>(k.shape(1));
+        KVCache cache(type, 1, n_pos, 1, hd, false);
+        for (int64_t p = 0; p < n_pos; ++p) {
+            cpu::store_kv_row(type, k.data() + p * hd, cache.k(0, p), hd);
+            cpu::store_kv_row(type, v.data() + p * hd, cache.v(0, p), hd);
+        }
+        const cpu::KvKernels fn = isa == "scalar" ? cpu::kv_kernels_scalar(type) : cpu::kv_kernels(type, cpu::parse_isa(isa.c_str()));
+        std::vector<float> scores(static_cast<size_t>(n_pos));
+        fn.scores(cache.k(0, 0), cache.row_bytes, cache.capacity, 0, n_pos, q.data(), hd, 1.0f / std::sqrt(static_cast<float>(hd)), scores.data());
+        float mx = -INFINITY, sum = 0;
+        for (float x : scores) mx = std::max(mx, x);
+        for (float& x : scores) sum += (x = std::exp(x - mx));
+        for (float& x : scores) x /= sum;
+        float* out = new float[static_cast<size_t>(hd)]();
+        fn.values(cache.v(0, 0), cache.row_bytes, cache.capacity, 0, n_pos, scores.data(), hd, out);
+        nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+        size_t shape[1] = {static_cast<size_t>(hd)};
+        return nb::ndarray<nb::numpy, float, nb::ndim<1>>(out, 1, shape, owner);
+    }, nb::arg("kv_type"), nb::arg("k"), nb::arg("v"), nb::arg("q"), nb::arg("isa"));
     m.def("cpu_gemv", [](uint32_t type_id, nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig> rows,
                          nb::ndarray<const float, nb::ndim<1>, nb::c_contig> x, const std::string& isa) {
         auto info = tensor_type_info(type_id);
