@@ -422,32 +422,39 @@ KvKernels kv_kernels(KvType type) {
 namespace edgerunner::cpu::ER_ISA {
 namespace {
 
+// Per format: the 32 weight bytes as unsigned (0..31) or signed values, and for the unsigned
+// ones the float offset each element carries (x = d * q + offset). Q4_0 / Q5_0 count as
+// unsigned with offset -8d / -16d: the offset term then comes from the activation block sums
+// and the int8 products need no sign trick.
 struct Q4_0 {
     using Block = block_q4_0;
-    static constexpr bool kSigned = true, kOffset = false;
-    static __m256i load(const Block& b) { return _mm256_sub_epi8(nibbles(b.qs), _mm256_set1_epi8(8)); }
+    static constexpr bool kSigned = false, kOffset = true;
+    static __m256i load(const Block& b) { return nibbles(b.qs); }
+    static float offset(const Block& b) { return -8.0f * h2f(b.d); }
 };
 struct Q4_1 {
     using Block = block_q4_1;
     static constexpr bool kSigned = false, kOffset = true;
     static __m256i load(const Block& b) { return nibbles(b.qs); }
+    static float offset(const Block& b) { return h2f(b.m); }
 };
 struct Q5_0 {
     using Block = block_q5_0;
-    static constexpr bool kSigned = true, kOffset = false;
-    static __m256i load(const Block& b) {
-        return _mm256_sub_epi8(_mm256_or_si256(nibbles(b.qs), fifth_bits(b.qh)), _mm256_set1_epi8(16));
-    }
+    static constexpr bool kSigned = false, kOffset = true;
+    static __m256i load(const Block& b) { return _mm256_or_si256(nibbles(b.qs), fifth_bits(b.qh)); }
+    static float offset(const Block& b) { return -16.0f * h2f(b.d); }
 };
 struct Q5_1 {
     using Block = block_q5_1;
     static constexpr bool kSigned = false, kOffset = true;
     static __m256i load(const Block& b) { return _mm256_or_si256(nibbles(b.qs), fifth_bits(b.qh)); }
+    static float offset(const Block& b) { return h2f(b.m); }
 };
 struct Q8_0 {
     using Block = block_q8_0;
     static constexpr bool kSigned = true, kOffset = false;
     static __m256i load(const Block& b) { return load32(b.qs); }
+    static float offset(const Block&) { return 0.0f; }
 };
 
 // Up to R weight rows × T tokens (r × m of them) at once: each weight block is unpacked once
@@ -485,7 +492,7 @@ inline void dot_tile_32(const uint8_t* wp, size_t w_stride, const uint8_t* x, si
             for (int i = 0; i < r; ++i) {
                 const __m256i p = F::kSigned ? dot_s8s8(q[i], qa) : dot_u8s8(q[i], qa);
                 acc[i][k] = _mm256_fmadd_ps(_mm256_set1_ps(dw[i] * da), _mm256_cvtepi32_ps(p), acc[i][k]);
-                if constexpr (F::kOffset) mins[i][k] += h2f(w[i][b].m) * asum[k][b];
+                if constexpr (F::kOffset) mins[i][k] += F::offset(w[i][b]) * asum[k][b];
             }
         }
     }
@@ -507,7 +514,7 @@ float dot_32(const void* row, const void* xv, int64_t n) {
         const __m256i qa = load32(a[b].qs);
         const __m256i p = F::kSigned ? dot_s8s8(q, qa) : dot_u8s8(q, qa);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * h2f(a[b].d)), _mm256_cvtepi32_ps(p), acc);
-        if constexpr (F::kOffset) mins += h2f(w[b].m) * asum[b];
+        if constexpr (F::kOffset) mins += F::offset(w[b]) * asum[b];
     }
     return F::kOffset ? hsum(acc) + mins : hsum(acc);
 }
