@@ -26,6 +26,7 @@ class ReferenceModel:
         self.head_dim = get("attention.key_length", dim // self.n_head)
         self.eps = get("attention.layer_norm_rms_epsilon", 1e-5)
         self.base = get("rope.freq_base", 10000.0)
+        self.window = get("attention.sliding_window", 0)  # Mistral style: every layer
         scaling = get("rope.scaling.type")
         self.pos_scale = 1.0 / get("rope.scaling.factor", 1.0) if scaling == "linear" else 1.0
         self.w = {}
@@ -59,6 +60,8 @@ class ReferenceModel:
         x = self.w["token_embd.weight"][np.asarray(ids)]
         pos = np.arange(T, dtype=np.float64)
         mask = np.triu(np.full((T, T), -np.inf), 1)
+        if self.window:  # a query at t sees keys t - window + 1 .. t
+            mask += np.tril(np.full((T, T), -np.inf), -self.window)
         for i in range(self.n_layer):
             p = f"blk.{i}."
             h = self.norm(x, w[p + "attn_norm.weight"])

@@ -35,6 +35,8 @@ CASES = [
     ("llama", "F32", dict(rope_scaling=dict(type="linear", factor=4.0))),
     ("llama", "F32", dict(head_dim=32, rope_scaling=dict(type="llama3", factor=8.0, low_freq_factor=1.0,
                                                           high_freq_factor=4.0, original_context_length=16))),
+    ("llama", "F32", dict(window=8)),  # sliding window over every layer: a circular KV cache
+    ("llama", "Q8_0", dict(window=5, n_heads=2, n_kv_heads=1)),
     ("qwen2", "F32", {}),
     ("qwen2", "Q8_0", dict(n_kv_heads=1)),
     ("qwen3", "F32", {}),
@@ -116,6 +118,27 @@ def test_modes_agree_with_one_prefill(tmp_path, precise, kv_type):
     assert np.array_equal(s.logits(), full[10])
     assert s.eval(ids[:3]) == "decode"  # a strict prefix: its last token is recomputed
     assert np.array_equal(s.logits(), full[2])
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_sliding_window_cache_is_circular_and_modes_agree(tmp_path, kv_type):
+    """A window of 6 with prefill chunks of 4: the cache holds 10 slots, positions wrap many
+    times over 60 tokens, and decode after extend after reset still equals one full prefill.
+    A rewind into positions the ring has overwritten falls back to a full prefill (reset)."""
+    path = tmp_path / "w.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=9, window=6, n_heads=2, n_kv_heads=1)
+    model = _core.Model.load(str(path), kv_type=kv_type, n_threads=2, prefill_chunk=4, n_ctx=128)
+    ids = prompt(np.random.default_rng(3), 60)
+    full = _core.Session(model).eval_all(ids)
+    want = ReferenceModel(path).logits(ids)
+    assert np.abs(full - want).max() <= 0.03 * np.abs(want).max()
+    s = _core.Session(model)
+    assert s.eval(ids[:7]) == "reset"
+    assert s.eval(ids[:45]) == "extend"
+    assert s.eval(ids[:46]) == "decode"
+    assert np.array_equal(s.logits(), full[45])
+    assert s.eval(ids[:20]) == "reset"  # positions 14..19 were overwritten long ago
+    assert np.array_equal(s.logits(), full[19])
 
 
 def test_context_and_token_errors(tmp_path):

@@ -102,6 +102,7 @@ class ModelConfig:
     context_length: int = 2048
     rms_eps: float = 1e-5
     sliding_window: int = 512  # gemma3 only: window of its local layers (5 of every 6)
+    window: int = 0  # other archs: Mistral-style sliding window over every layer (0: full attention)
     rope_base_swa: float = 10000.0  # gemma3 only: rope base of the local layers
     name: str = "random"
 
@@ -490,6 +491,8 @@ def _write_metadata(writer: gguf.GGUFWriter, arch: str, config: ModelConfig, wan
     if arch == "gemma3":
         writer.add_sliding_window(c.sliding_window)
         writer.add_float32(gguf.Keys.Rope.FREQ_BASE_SWA.format(arch=arch), c.rope_base_swa)
+    elif c.window:
+        writer.add_sliding_window(c.window)
     scaling = c.rope_scaling or {}
     if scaling.get("type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
