@@ -106,3 +106,24 @@ def test_cli_errors(tmp_path):
     assert r.returncode != 0 and "at most a model and one prompt" in r.stderr
     r = run_cli()
     assert r.returncode == 2 and "run" in r.stdout
+
+
+def test_interleaved_and_abandoned_streams(tmp_path):
+    """Two streams on the same model interleave without corrupting each other, and a stream
+    left unfinished does not block the next call."""
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", seed=4)
+    model = Model.load(path, threads=2)
+    kw = dict(max_tokens=12, temperature=0.0, ignore_eos=True)
+    a_alone = model.generate(list(range(5, 15)), **kw)
+    b_alone = model.generate(list(range(40, 52)), **kw)
+    a = model.generate(list(range(5, 15)), stream=True, **kw)
+    b = model.generate(list(range(40, 52)), stream=True, **kw)
+    a_text, b_text = [], []
+    for _ in range(30):
+        a_text.append(next(a, ""))
+        b_text.append(next(b, ""))
+    assert "".join(a_text) == a_alone and "".join(b_text) == b_alone
+    unfinished = model.generate(list(range(5, 15)), stream=True, **kw)
+    next(unfinished)
+    assert model.generate(list(range(5, 15)), **kw) == a_alone  # no deadlock, same answer

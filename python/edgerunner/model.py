@@ -47,7 +47,8 @@ class Model:
         self.tokenizer = tokenizer
         self.chat_template = template
         self._session = _core.Session(native)  # the session behind generate()/chat()/logits()
-        self._lock = threading.Lock()          # one step at a time per model
+        self._lock = threading.Lock()          # one native step at a time per model
+        self._owners: dict[int, object] = {}    # id(session) -> the stream whose tokens it holds
         # Facts about the latest generate/chat/send: mode (how the prompt was evaluated: reset,
         # extend, decode or cached), prompt_tokens, new_tokens, finish_reason
         # (stop, eos, length or context).
@@ -250,42 +251,59 @@ def _stream(model: Model, session: Any, ids: np.ndarray, params: SamplingParams,
             on_done("".join(text))
 
     def pieces() -> Iterator[str]:
+        # The lock is held only around native calls, never across a yield: an abandoned
+        # stream cannot block the model. A session another stream used in between is brought
+        # back to this stream's tokens first (prefix reuse makes that cheap).
+        history = ids.tolist()
+        marker = object()
+
+        def own() -> None:
+            if model._owners.get(id(session)) is not marker:
+                session.eval(np.asarray(history, np.int32))
+                model._owners[id(session)] = marker
+
         with model._lock:
             info.update(mode=session.eval(ids), prompt_tokens=len(ids), new_tokens=0, finish_reason="length")
-            pending = ""
-            for i in range(max_tokens):
+            model._owners[id(session)] = marker
+        pending = ""
+        for i in range(max_tokens):
+            with model._lock:
+                own()
                 token = session.sample(sampler)
-                if token in end_ids:
-                    info["finish_reason"] = "eos"
-                    break
-                info["new_tokens"] = i + 1
-                pending += decoder.feed(token)
-                if stops:
-                    cut = min((p for p in (pending.find(s) for s in stops) if p >= 0), default=-1)
-                    if cut >= 0:
-                        info["finish_reason"] = "stop"
-                        if pending[:cut]:
-                            yield pending[:cut]
-                        return
-                    if len(pending) > hold:
-                        yield pending[: len(pending) - hold]
-                        pending = pending[len(pending) - hold:]
-                elif pending:
-                    yield pending
-                    pending = ""
-                if i == max_tokens - 1:
-                    break
-                if len(session.tokens) >= model.n_ctx:
-                    info["finish_reason"] = "context"
-                    break
-                session.append(token)
-            pending += decoder.flush()
+            if token in end_ids:
+                info["finish_reason"] = "eos"
+                break
+            info["new_tokens"] = i + 1
+            pending += decoder.feed(token)
             if stops:
                 cut = min((p for p in (pending.find(s) for s in stops) if p >= 0), default=-1)
                 if cut >= 0:
                     info["finish_reason"] = "stop"
-                    pending = pending[:cut]
-            if pending:
+                    if pending[:cut]:
+                        yield pending[:cut]
+                    return
+                if len(pending) > hold:
+                    yield pending[: len(pending) - hold]
+                    pending = pending[len(pending) - hold:]
+            elif pending:
                 yield pending
+                pending = ""
+            if i == max_tokens - 1:
+                break
+            if len(history) >= model.n_ctx:
+                info["finish_reason"] = "context"
+                break
+            with model._lock:
+                own()
+                session.append(token)
+            history.append(token)
+        pending += decoder.flush()
+        if stops:
+            cut = min((p for p in (pending.find(s) for s in stops) if p >= 0), default=-1)
+            if cut >= 0:
+                info["finish_reason"] = "stop"
+                pending = pending[:cut]
+        if pending:
+            yield pending
 
     return run()
