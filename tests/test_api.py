@@ -127,3 +127,16 @@ def test_interleaved_and_abandoned_streams(tmp_path):
     unfinished = model.generate(list(range(5, 15)), stream=True, **kw)
     next(unfinished)
     assert model.generate(list(range(5, 15)), **kw) == a_alone  # no deadlock, same answer
+
+
+def test_a_turn_that_cannot_start_leaves_the_conversation_unchanged(tmp_path):
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", seed=4)
+    conv = Model.load(path, n_ctx=48).session()
+    conv.send("hi", max_tokens=4, temperature=0)
+    before = list(conv.messages)
+    with pytest.raises(edgerunner.ContextLengthError):
+        conv.send("x " * 200, max_tokens=4)
+    with pytest.raises(ValueError, match="temperature"):
+        conv.send("hello", temperature=-1)
+    assert conv.messages == before and [m["role"] for m in before] == ["user", "assistant"]

@@ -212,14 +212,20 @@ class Generator:
 
     def send(self, content: str, *, stream: bool = False, template_fallback: bool = False,
              **kwargs: Any) -> str | Iterator[str]:
-        """Add a user message and reply to it. The reply joins ``messages`` when it is complete."""
-        self.messages.append({"role": "user", "content": content})
-        ids = np.asarray(self.model.render_chat(self.messages, template_fallback=template_fallback), np.int32)
+        """Add a user message and reply to it. The reply joins ``messages`` when it is complete;
+        if the turn cannot start (bad arguments, context too long) nothing is added."""
+        messages = [*self.messages, {"role": "user", "content": content}]
+        ids = np.asarray(self.model.render_chat(messages, template_fallback=template_fallback), np.int32)
 
         def done(reply: str) -> None:
-            self.messages.append({"role": "assistant", "content": reply})
+            messages.append({"role": "assistant", "content": reply})
 
-        return self.model._generate(self._session, ids, stream=stream, on_done=done, **kwargs)
+        previous, self.messages = self.messages, messages
+        try:
+            return self.model._generate(self._session, ids, stream=stream, on_done=done, **kwargs)
+        except BaseException:
+            self.messages = previous
+            raise
 
     @property
     def last_turn(self) -> dict[str, Any]:
