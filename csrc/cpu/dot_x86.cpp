@@ -117,83 +117,10 @@ inline int sub_dot(__m256i w_u8, const int8_t* x) { return hsum_i32(dot_u8s8(w_u
 
 }  // namespace
 
-template <bool kFiveBit, typename Block>
-float dot_q45_K(const Block* w, const block_q8_K* a, int64_t n) {
-    float sum = 0;
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    for (int64_t b = 0; b < n / QK_K; ++b) {
-        __m256i isum = _mm256_setzero_si256();
-        int msum = 0;
-        __m256i qh;
-        if constexpr (kFiveBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh));
-        for (int g = 0; g < 4; ++g) {
-            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * g));
-            __m256i lo = _mm256_and_si256(q, low4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-            if constexpr (kFiveBit) {
-                // bit (2g) of qh[l] is bit 4 of sub-block 2g's element l, bit 2g+1 of 2g+1's
-                const __m256i one = _mm256_set1_epi8(1);
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
-            }
-            int sc0, m0, sc1, m1;
-            k_scale_min(w[b].scales, 2 * g, &sc0, &m0);
-            k_scale_min(w[b].scales, 2 * g + 1, &sc1, &m1);
-            const __m256i p0 = dot_u8s8(lo, load32(a[b].qs + 64 * g));
-            const __m256i p1 = dot_u8s8(hi, load32(a[b].qs + 64 * g + 32));
-            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(p0, _mm256_set1_epi32(sc0)));
-            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(p1, _mm256_set1_epi32(sc1)));
-            msum += m0 * (a[b].bsums[4 * g] + a[b].bsums[4 * g + 1]) + m1 * (a[b].bsums[4 * g + 2] + a[b].bsums[4 * g + 3]);
-        }
-        sum += a[b].d * (h2f(w[b].d) * static_cast<float>(hsum_i32(isum)) - h2f(w[b].dmin) * static_cast<float>(msum));
-    }
-    return sum;
-}
-
-float dot_q4_K(const void* row, const void* xv, int64_t n) {
-    return dot_q45_K<false>(static_cast<const block_q4_K*>(row), static_cast<const block_q8_K*>(xv), n);
-}
-
-float dot_q5_K(const void* row, const void* xv, int64_t n) {
-    return dot_q45_K<true>(static_cast<const block_q5_K*>(row), static_cast<const block_q8_K*>(xv), n);
-}
-
-float dot_q6_K(const void* row, const void* xv, int64_t n) {
-    const auto* w = static_cast<const block_q6_K*>(row);
-    const auto* a = static_cast<const block_q8_K*>(xv);
-    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
-    float sum = 0;
-    for (int64_t b = 0; b < n / QK_K; ++b) {
-        int isum = 0;
-        for (int h = 0; h < 2; ++h) {
-            const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].ql + 64 * h));
-            const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].ql + 64 * h + 32));
-            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh + 32 * h));
-            // element h*128 + s*32 + l: nibble of ql[h*64 + (s%2)*32 + l] (high for s >= 2), 2 bits at 2s of qh
-            const __m256i lo4[4] = {_mm256_and_si256(ql0, low4), _mm256_and_si256(ql1, low4),
-                                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4)};
-            for (int s = 0; s < 4; ++s) {
-                const __m256i hi2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), two), 4);
-                const __m256i q = _mm256_or_si256(lo4[s], hi2);  // 0..63; the -32 comes from bsums
-                const int8_t* x = a[b].qs + h * 128 + s * 32;
-                // two sub-blocks of 16 with their own scales: split the 32-wide dot in halves
-                const __m256i prod = dot_u8s8(q, load32(x));
-                const __m128i lo = _mm256_castsi256_si128(prod), hi = _mm256_extracti128_si256(prod, 1);
-                const int sb = h * 8 + s * 2;
-                auto sum4 = [](__m128i v) {
-                    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
-                    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
-                    return _mm_cvtsi128_si32(v);
-                };
-                isum += w[b].scales[sb] * (sum4(lo) - 32 * a[b].bsums[sb]) +
-                        w[b].scales[sb + 1] * (sum4(hi) - 32 * a[b].bsums[sb + 1]);
-            }
-        }
-        sum += h2f(w[b].d) * a[b].d * static_cast<float>(isum);
-    }
-    return sum;
-}
+// dot_q4_K, dot_q5_K, dot_q6_K are the one-token case of the tiles further down.
+float dot_q4_K(const void* row, const void* x, int64_t n);
+float dot_q5_K(const void* row, const void* x, int64_t n);
+float dot_q6_K(const void* row, const void* x, int64_t n);
 
 float dot_q2_K(const void* row, const void* xv, int64_t n) {
     const auto* w = static_cast<const block_q2_K*>(row);
@@ -537,87 +464,134 @@ void dot_rows_32(const void* w, size_t w_stride, int n_rows, const void* x, size
     }
 }
 
-void dot_rows_q4_K_one(const void* row, const void* xv, size_t x_stride, int64_t n, int n_tok, float* out, size_t out_stride) {
-    const auto* w = static_cast<const block_q4_K*>(row);
-    const auto* x = static_cast<const uint8_t*>(xv);
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    for (int t0 = 0; t0 < n_tok; t0 += 4) {
-        const int m = n_tok - t0 < 4 ? n_tok - t0 : 4;
-        const block_q8_K* a[4];
-        float sum[4] = {0, 0, 0, 0};
-        for (int k = 0; k < m; ++k) a[k] = reinterpret_cast<const block_q8_K*>(x + (t0 + k) * x_stride);
-        for (int64_t b = 0; b < n / QK_K; ++b) {
-            __m256i isum[4];
-            int msum[4] = {0, 0, 0, 0};
-            for (int k = 0; k < m; ++k) isum[k] = _mm256_setzero_si256();
-            for (int g = 0; g < 4; ++g) {
-                const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * g));
-                const __m256i lo = _mm256_and_si256(q, low4);
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-                int sc0, m0, sc1, m1;
-                k_scale_min(w[b].scales, 2 * g, &sc0, &m0);
-                k_scale_min(w[b].scales, 2 * g + 1, &sc1, &m1);
-                const __m256i s0 = _mm256_set1_epi32(sc0), s1 = _mm256_set1_epi32(sc1);
-                for (int k = 0; k < m; ++k) {
-                    const __m256i p0 = dot_u8s8(lo, load32(a[k][b].qs + 64 * g));
-                    const __m256i p1 = dot_u8s8(hi, load32(a[k][b].qs + 64 * g + 32));
-                    isum[k] = _mm256_add_epi32(isum[k], _mm256_mullo_epi32(p0, s0));
-                    isum[k] = _mm256_add_epi32(isum[k], _mm256_mullo_epi32(p1, s1));
-                    const int16_t* bs = a[k][b].bsums;
-                    msum[k] += m0 * (bs[4 * g] + bs[4 * g + 1]) + m1 * (bs[4 * g + 2] + bs[4 * g + 3]);
-                }
-            }
-            for (int k = 0; k < m; ++k)
-                sum[k] += a[k][b].d * (h2f(w[b].d) * static_cast<float>(hsum_i32(isum[k])) -
-                                       h2f(w[b].dmin) * static_cast<float>(msum[k]));
-        }
-        for (int k = 0; k < m; ++k) out[(t0 + k) * out_stride] = sum[k];
+// Q4_K / Q5_K against T tokens (T a compile-time 1..4, so the per-token sums stay in registers).
+template <bool kFiveBit, typename Block, int T>
+void dot_q45_K_tile(const Block* w, const uint8_t* x, size_t x_stride, int64_t n, float* out) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const block_q8_K* a[T];
+    float sum[T];
+    for (int k = 0; k < T; ++k) {
+        a[k] = reinterpret_cast<const block_q8_K*>(x + k * x_stride);
+        sum[k] = 0;
     }
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        __m256i isum[T];
+        int msum[T];
+        for (int k = 0; k < T; ++k) {
+            isum[k] = _mm256_setzero_si256();
+            msum[k] = 0;
+        }
+        __m256i qh = _mm256_setzero_si256();
+        if constexpr (kFiveBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh));
+        for (int g = 0; g < 4; ++g) {
+            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * g));
+            __m256i lo = _mm256_and_si256(q, low4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+            if constexpr (kFiveBit) {
+                // bit 2g of qh[l] is bit 4 of sub-block 2g's element l, bit 2g+1 of 2g+1's
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
+            }
+            int sc0, m0, sc1, m1;
+            k_scale_min(w[b].scales, 2 * g, &sc0, &m0);
+            k_scale_min(w[b].scales, 2 * g + 1, &sc1, &m1);
+            const __m256i s0 = _mm256_set1_epi32(sc0), s1 = _mm256_set1_epi32(sc1);
+            for (int k = 0; k < T; ++k) {
+                const __m256i p0 = dot_u8s8(lo, load32(a[k][b].qs + 64 * g));
+                const __m256i p1 = dot_u8s8(hi, load32(a[k][b].qs + 64 * g + 32));
+                isum[k] = _mm256_add_epi32(isum[k], _mm256_add_epi32(_mm256_mullo_epi32(p0, s0), _mm256_mullo_epi32(p1, s1)));
+                const int16_t* bs = a[k][b].bsums;
+                msum[k] += m0 * (bs[4 * g] + bs[4 * g + 1]) + m1 * (bs[4 * g + 2] + bs[4 * g + 3]);
+            }
+        }
+        for (int k = 0; k < T; ++k)
+            sum[k] += a[k][b].d * (h2f(w[b].d) * static_cast<float>(hsum_i32(isum[k])) -
+                                   h2f(w[b].dmin) * static_cast<float>(msum[k]));
+    }
+    for (int k = 0; k < T; ++k) out[k] = sum[k];
 }
 
-void dot_rows_q6_K_one(const void* row, const void* xv, size_t x_stride, int64_t n, int n_tok, float* out, size_t out_stride) {
-    const auto* w = static_cast<const block_q6_K*>(row);
-    const auto* x = static_cast<const uint8_t*>(xv);
+template <int T>
+void dot_q6_K_tile(const block_q6_K* w, const uint8_t* x, size_t x_stride, int64_t n, float* out) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
     auto sum4 = [](__m128i v) {
         v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
         v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
         return _mm_cvtsi128_si32(v);
     };
-    for (int t0 = 0; t0 < n_tok; t0 += 4) {
-        const int m = n_tok - t0 < 4 ? n_tok - t0 : 4;
-        const block_q8_K* a[4];
-        float sum[4] = {0, 0, 0, 0};
-        for (int k = 0; k < m; ++k) a[k] = reinterpret_cast<const block_q8_K*>(x + (t0 + k) * x_stride);
-        for (int64_t b = 0; b < n / QK_K; ++b) {
-            int isum[4] = {0, 0, 0, 0};
-            for (int h = 0; h < 2; ++h) {
-                const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].ql + 64 * h));
-                const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].ql + 64 * h + 32));
-                const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh + 32 * h));
-                const __m256i lo4[4] = {_mm256_and_si256(ql0, low4), _mm256_and_si256(ql1, low4),
-                                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4)};
-                for (int s = 0; s < 4; ++s) {
-                    const __m256i q = _mm256_or_si256(lo4[s], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), two), 4));
-                    const int sb = h * 8 + s * 2;
-                    for (int k = 0; k < m; ++k) {
-                        const __m256i prod = dot_u8s8(q, load32(a[k][b].qs + h * 128 + s * 32));
-                        isum[k] += w[b].scales[sb] * (sum4(_mm256_castsi256_si128(prod)) - 32 * a[k][b].bsums[sb]) +
-                                   w[b].scales[sb + 1] * (sum4(_mm256_extracti128_si256(prod, 1)) - 32 * a[k][b].bsums[sb + 1]);
-                    }
+    const block_q8_K* a[T];
+    float sum[T];
+    for (int k = 0; k < T; ++k) {
+        a[k] = reinterpret_cast<const block_q8_K*>(x + k * x_stride);
+        sum[k] = 0;
+    }
+    for (int64_t b = 0; b < n / QK_K; ++b) {
+        int isum[T];
+        for (int k = 0; k < T; ++k) isum[k] = 0;
+        for (int h = 0; h < 2; ++h) {
+            const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].ql + 64 * h));
+            const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh + 32 * h));
+            // element h*128 + s*32 + l: nibble of ql[h*64 + (s%2)*32 + l] (high for s >= 2), 2 bits at 2s of qh
+            const __m256i lo4[4] = {_mm256_and_si256(ql0, low4), _mm256_and_si256(ql1, low4),
+                                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4)};
+            for (int s = 0; s < 4; ++s) {
+                // 0..63; the -32 comes from bsums. Two sub-blocks of 16 with their own scales:
+                // the 32-wide dot is split in halves.
+                const __m256i q = _mm256_or_si256(lo4[s], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), two), 4));
+                const int sb = h * 8 + s * 2;
+                for (int k = 0; k < T; ++k) {
+                    const __m256i prod = dot_u8s8(q, load32(a[k][b].qs + h * 128 + s * 32));
+                    isum[k] += w[b].scales[sb] * (sum4(_mm256_castsi256_si128(prod)) - 32 * a[k][b].bsums[sb]) +
+                               w[b].scales[sb + 1] * (sum4(_mm256_extracti128_si256(prod, 1)) - 32 * a[k][b].bsums[sb + 1]);
                 }
             }
-            for (int k = 0; k < m; ++k) sum[k] += h2f(w[b].d) * a[k][b].d * static_cast<float>(isum[k]);
         }
-        for (int k = 0; k < m; ++k) out[(t0 + k) * out_stride] = sum[k];
+        for (int k = 0; k < T; ++k) sum[k] += h2f(w[b].d) * a[k][b].d * static_cast<float>(isum[k]);
     }
+    for (int k = 0; k < T; ++k) out[k] = sum[k];
 }
 
-template <void (*One)(const void*, const void*, size_t, int64_t, int, float*, size_t)>
+struct Q4KTile {
+    template <int T>
+    static void run(const void* w, const uint8_t* x, size_t xs, int64_t n, float* out) {
+        dot_q45_K_tile<false, block_q4_K, T>(static_cast<const block_q4_K*>(w), x, xs, n, out);
+    }
+};
+struct Q5KTile {
+    template <int T>
+    static void run(const void* w, const uint8_t* x, size_t xs, int64_t n, float* out) {
+        dot_q45_K_tile<true, block_q5_K, T>(static_cast<const block_q5_K*>(w), x, xs, n, out);
+    }
+};
+struct Q6KTile {
+    template <int T>
+    static void run(const void* w, const uint8_t* x, size_t xs, int64_t n, float* out) {
+        dot_q6_K_tile<T>(static_cast<const block_q6_K*>(w), x, xs, n, out);
+    }
+};
+
+template <typename K>
+float dot_k(const void* row, const void* x, int64_t n) {
+    float out;
+    K::template run<1>(row, static_cast<const uint8_t*>(x), 0, n, &out);
+    return out;
+}
+
+template <typename K>
 void dot_rows_k(const void* w, size_t w_stride, int n_rows, const void* x, size_t x_stride, int n_tok, int64_t n,
                 float* out) {
-    for (int i = 0; i < n_rows; ++i) One(static_cast<const uint8_t*>(w) + i * w_stride, x, x_stride, n, n_tok, out + 4 * i, 1);
+    const auto* xp = static_cast<const uint8_t*>(x);
+    for (int i = 0; i < n_rows; ++i) {
+        const void* row = static_cast<const uint8_t*>(w) + i * w_stride;
+        switch (n_tok) {
+            case 1: K::template run<1>(row, xp, x_stride, n, out + 4 * i); break;
+            case 2: K::template run<2>(row, xp, x_stride, n, out + 4 * i); break;
+            case 3: K::template run<3>(row, xp, x_stride, n, out + 4 * i); break;
+            default: K::template run<4>(row, xp, x_stride, n, out + 4 * i); break;
+        }
+    }
 }
 
 }  // namespace
@@ -627,6 +601,9 @@ float dot_q4_1(const void* row, const void* x, int64_t n) { return dot_32<Q4_1>(
 float dot_q5_0(const void* row, const void* x, int64_t n) { return dot_32<Q5_0>(row, x, n); }
 float dot_q5_1(const void* row, const void* x, int64_t n) { return dot_32<Q5_1>(row, x, n); }
 float dot_q8_0(const void* row, const void* x, int64_t n) { return dot_32<Q8_0>(row, x, n); }
+float dot_q4_K(const void* row, const void* x, int64_t n) { return dot_k<Q4KTile>(row, x, n); }
+float dot_q5_K(const void* row, const void* x, int64_t n) { return dot_k<Q5KTile>(row, x, n); }
+float dot_q6_K(const void* row, const void* x, int64_t n) { return dot_k<Q6KTile>(row, x, n); }
 
 DotRowsFn dot_rows_fn(TensorType type) {
     switch (type) {
@@ -635,8 +612,9 @@ DotRowsFn dot_rows_fn(TensorType type) {
         case TensorType::Q5_0: return dot_rows_32<Q5_0>;
         case TensorType::Q5_1: return dot_rows_32<Q5_1>;
         case TensorType::Q8_0: return dot_rows_32<Q8_0>;
-        case TensorType::Q4_K: return dot_rows_k<dot_rows_q4_K_one>;
-        case TensorType::Q6_K: return dot_rows_k<dot_rows_q6_K_one>;
+        case TensorType::Q4_K: return dot_rows_k<Q4KTile>;
+        case TensorType::Q5_K: return dot_rows_k<Q5KTile>;
+        case TensorType::Q6_K: return dot_rows_k<Q6KTile>;
         default: return nullptr;
     }
 }
