@@ -20,18 +20,7 @@ TYPES = ["F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K"
 ROWS, COLS = 2048, 2048  # ~2-8 MB of weights: out of L2, like a decode step's matrices
 
 
-def isas():
-    out = ["scalar"]
-    for isa in ("avx2", "avxvnni"):
-        try:
-            _core.cpu_dot(0, np.zeros(128, np.uint8), np.zeros(32, np.float32), isa)
-            out.append(isa)
-        except ValueError:
-            pass
-    return out
-
-
-@pytest.mark.parametrize("isa", isas())
+@pytest.mark.parametrize("isa", _core.cpu_isas())
 @pytest.mark.parametrize("name", TYPES)
 def test_gemv(benchmark, name, isa):
     rng = np.random.default_rng(0)

@@ -74,6 +74,13 @@ Isa parse_isa(const char* name) {
     throw std::invalid_argument(std::string("unknown instruction set '") + name + "'; known: scalar, avx2, avxvnni");
 }
 
+std::vector<Isa> available_isas() {
+    std::vector<Isa> out;
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::AvxVnni})
+        if (static_cast<int>(isa) <= static_cast<int>(cpu_isa())) out.push_back(isa);
+    return out;
+}
+
 Isa best_isa() {
     static const Isa isa = [] {
         const char* env = std::getenv("EDGERUNNER_ISA");

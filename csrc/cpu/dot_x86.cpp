@@ -50,6 +50,13 @@ inline int hsum_i32(__m256i v) {
     return _mm_cvtsi128_si32(x);
 }
 
+// Sum of the 4 int32 lanes of a 128-bit half (one 16-element sub-block's products).
+inline int hsum_i32x4(__m128i v) {
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(v);
+}
+
 // 16 bytes of nibbles → 32 bytes: elements 0-15 (low nibbles) then 16-31 (high nibbles).
 inline __m256i nibbles(const uint8_t* qs) {
     const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
@@ -135,13 +142,8 @@ float dot_q2_K(const void* row, const void* xv, int64_t n) {
                 const __m256i v = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), two);
                 const __m256i prod = dot_u8s8(v, load32(a[b].qs + g * 128 + s * 32));
                 const __m128i lo = _mm256_castsi256_si128(prod), hi = _mm256_extracti128_si256(prod, 1);
-                auto sum4 = [](__m128i x) {
-                    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
-                    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
-                    return _mm_cvtsi128_si32(x);
-                };
                 const int sb = g * 8 + s * 2;
-                isum += (w[b].scales[sb] & 0xF) * sum4(lo) + (w[b].scales[sb + 1] & 0xF) * sum4(hi);
+                isum += (w[b].scales[sb] & 0xF) * hsum_i32x4(lo) + (w[b].scales[sb + 1] & 0xF) * hsum_i32x4(hi);
                 msum += (w[b].scales[sb] >> 4) * a[b].bsums[sb] + (w[b].scales[sb + 1] >> 4) * a[b].bsums[sb + 1];
             }
         }
@@ -167,16 +169,11 @@ float dot_q3_K(const void* row, const void* xv, int64_t n) {
                 const __m256i v = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * s), two), _mm256_slli_epi16(hbit, 2));
                 const __m256i prod = dot_u8s8(v, load32(a[b].qs + g * 128 + s * 32));
                 const __m128i lo = _mm256_castsi256_si128(prod), hi = _mm256_extracti128_si256(prod, 1);
-                auto sum4 = [](__m128i x) {
-                    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
-                    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
-                    return _mm_cvtsi128_si32(x);
-                };
                 for (int half = 0; half < 2; ++half) {
                     const int sb = g * 8 + s * 2 + half;
                     const int lo4 = (sc[sb % 8] >> (4 * (sb / 8))) & 0xF;
                     const int hi2 = (sc[8 + sb % 4] >> (2 * (sb / 4))) & 3;
-                    isum += ((lo4 | hi2 << 4) - 32) * ((half ? sum4(hi) : sum4(lo)) - 4 * a[b].bsums[sb]);
+                    isum += ((lo4 | hi2 << 4) - 32) * ((half ? hsum_i32x4(hi) : hsum_i32x4(lo)) - 4 * a[b].bsums[sb]);
                 }
             }
         }
@@ -514,11 +511,6 @@ void dot_q45_K_tile(const Block* w, const uint8_t* x, size_t x_stride, int64_t n
 template <int T>
 void dot_q6_K_tile(const block_q6_K* w, const uint8_t* x, size_t x_stride, int64_t n, float* out) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
-    auto sum4 = [](__m128i v) {
-        v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
-        v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
-        return _mm_cvtsi128_si32(v);
-    };
     const block_q8_K* a[T];
     float sum[T];
     for (int k = 0; k < T; ++k) {
@@ -543,8 +535,8 @@ void dot_q6_K_tile(const block_q6_K* w, const uint8_t* x, size_t x_stride, int64
                 const int sb = h * 8 + s * 2;
                 for (int k = 0; k < T; ++k) {
                     const __m256i prod = dot_u8s8(q, load32(a[k][b].qs + h * 128 + s * 32));
-                    isum[k] += w[b].scales[sb] * (sum4(_mm256_castsi256_si128(prod)) - 32 * a[k][b].bsums[sb]) +
-                               w[b].scales[sb + 1] * (sum4(_mm256_extracti128_si256(prod, 1)) - 32 * a[k][b].bsums[sb + 1]);
+                    isum[k] += w[b].scales[sb] * (hsum_i32x4(_mm256_castsi256_si128(prod)) - 32 * a[k][b].bsums[sb]) +
+                               w[b].scales[sb + 1] * (hsum_i32x4(_mm256_extracti128_si256(prod, 1)) - 32 * a[k][b].bsums[sb + 1]);
                 }
             }
         }

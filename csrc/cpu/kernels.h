@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "../core/kv_cache.h"
 #include "edgerunner/tensor_type.h"
@@ -35,6 +36,7 @@ using DotFn = float (*)(const void* row, const void* x, int64_t n);
 // EDGERUNNER_ISA=scalar|avx2|avxvnni lowers it (for comparisons and benchmarks).
 enum class Isa { Scalar, Avx2, AvxVnni };
 Isa best_isa();
+std::vector<Isa> available_isas();  // every set this CPU can run, scalar first
 const char* isa_name(Isa isa);
 Isa parse_isa(const char* name);  // throws std::invalid_argument for unknown or unsupported ones
 

@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,6 +22,11 @@ using namespace edgerunner;
 void bind_kernels(nb::module_& m) {
     m.def("cpu_isa", [] { return std::string(cpu::isa_name(cpu::best_isa())); },
           "The instruction set the CPU kernels use here (EDGERUNNER_ISA may lower it).");
+    m.def("cpu_isas", [] {
+        std::vector<std::string> names;
+        for (cpu::Isa isa : cpu::available_isas()) names.emplace_back(cpu::isa_name(isa));
+        return names;
+    }, "Every instruction set this CPU can run the kernels with, scalar first.");
     m.def("cpu_dot", [](uint32_t type_id, nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig> row,
                         nb::ndarray<const float, nb::ndim<1>, nb::c_contig> x, const std::string& isa) {
         auto info = tensor_type_info(type_id);
