@@ -8,6 +8,7 @@
 // the low and high nibbles of the 32 bytes qs[32g..]; Q8_K activations carry 16-element sums.
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstring>
 
 #include "edgerunner/quant_blocks.h"
@@ -346,101 +347,198 @@ KvKernels kv_kernels(KvType type) {
 namespace edgerunner::cpu::ER_ISA {
 namespace {
 
-// Per format: the 32 weight bytes as unsigned (0..31) or signed values, and for the unsigned
-// ones the float offset each element carries (x = d * q + offset). Q4_0 / Q5_0 count as
-// unsigned with offset -8d / -16d: the offset term then comes from the activation block sums
-// and the int8 products need no sign trick.
+// ---- 32-element formats, one SIMD lane per weight row --------------------------------------
+// Eight weight rows are transposed in registers so that one 32-bit lane holds four consecutive
+// elements of one row: a block of 8 rows × 32 elements is 8 operands, each meeting 4 broadcast
+// activation bytes in one dpbusd. The block's integer dot of every row then sits in its own
+// lane, exact, and the float scale work is one multiply-add per 8 rows. Per (row, token):
+//     s    = Σ (q - offset) · a            (int, exact; offset from the activations' int sums)
+//     sum += float(s) · (d · d_a)  [+ m · d_a·Σa for the formats with a minimum]
+// which is the scalar reference's arithmetic, in the same order: bitwise equal to it.
+
+// 8 rows' 16 bytes at row[i] + off → 4 vectors; vector k, lane i = bytes 4k..4k+3 of row i.
+inline void transpose_8x16(const uint8_t* const row[8], size_t off, __m256i y[4]) {
+    __m256i z[4];
+    for (int i = 0; i < 4; ++i)
+        z[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row[i] + off))),
+                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[i + 4] + off)), 1);
+    // z[i] = [row i | row i+4]; two rounds of unpacking gather lane i from z[i % 4]'s half
+    const __m256i a = _mm256_unpacklo_epi32(z[0], z[1]), b = _mm256_unpackhi_epi32(z[0], z[1]);
+    const __m256i c = _mm256_unpacklo_epi32(z[2], z[3]), d = _mm256_unpackhi_epi32(z[2], z[3]);
+    // lanes come out in row order 0, 1, 2, 3 | 4, 5, 6, 7
+    y[0] = _mm256_unpacklo_epi64(a, c);
+    y[1] = _mm256_unpackhi_epi64(a, c);
+    y[2] = _mm256_unpacklo_epi64(b, d);
+    y[3] = _mm256_unpackhi_epi64(b, d);
+}
+
+// Nibble formats: qs[j] holds element j (low) and j + 16 (high): operands g < 4 are the low
+// nibbles of transposed vector g, operands 4..7 its high nibbles (elements 16 + 4g..).
+inline void nibble_operands(const uint8_t* const row[8], size_t qs_off, __m256i op[8]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256i y[4];
+    transpose_8x16(row, qs_off, y);
+    for (int g = 0; g < 4; ++g) {
+        op[g] = _mm256_and_si256(y[g], low4);
+        op[g + 4] = _mm256_and_si256(_mm256_srli_epi16(y[g], 4), low4);
+    }
+}
+
+// Q5: bit j of the 32-bit qh is bit 4 of element j; operand g (elements 4g..4g+3) takes bits
+// 4g..4g+3 of its row's qh, one per byte.
+inline void add_fifth_bits(const uint8_t* const row[8], size_t qh_off, __m256i op[8]) {
+    uint32_t h[8];
+    for (int i = 0; i < 8; ++i) std::memcpy(&h[i], row[i] + qh_off, 4);
+    const __m256i qh = _mm256_setr_epi32(static_cast<int>(h[0]), static_cast<int>(h[1]), static_cast<int>(h[2]),
+                                         static_cast<int>(h[3]), static_cast<int>(h[4]), static_cast<int>(h[5]),
+                                         static_cast<int>(h[6]), static_cast<int>(h[7]));
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
+                                            0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+    const __m256i bit = _mm256_set1_epi32(0x08040201);
+    for (int g = 0; g < 8; ++g) {
+        const __m256i b = _mm256_shuffle_epi8(_mm256_srli_epi32(qh, 4 * g), spread);
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+        op[g] = _mm256_or_si256(op[g], _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+}
+
+// 8 rows' fp16 at row[i] + off, as floats.
+inline __m256 gather_half(const uint8_t* const row[8], size_t off) {
+    uint16_t h[8];
+    for (int i = 0; i < 8; ++i) std::memcpy(&h[i], row[i] + off, 2);
+    return _mm256_cvtph_ps(_mm_setr_epi16(static_cast<short>(h[0]), static_cast<short>(h[1]), static_cast<short>(h[2]),
+                                          static_cast<short>(h[3]), static_cast<short>(h[4]), static_cast<short>(h[5]),
+                                          static_cast<short>(h[6]), static_cast<short>(h[7])));
+}
+
+// Accumulate the 8 operands against one token's block (4 activation bytes broadcast each).
+inline __m256i block_dot(const __m256i op[8], const int8_t* a) {
+    __m256i s = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+        uint32_t v;
+        std::memcpy(&v, a + 4 * g, 4);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+        s = _mm256_dpbusd_epi32(s, op[g], _mm256_set1_epi32(static_cast<int>(v)));
+#elif defined(__AVXVNNI__)
+        s = _mm256_dpbusd_avx_epi32(s, op[g], _mm256_set1_epi32(static_cast<int>(v)));
+#else
+        s = _mm256_add_epi32(s, dot_u8s8(op[g], _mm256_set1_epi32(static_cast<int>(v))));
+#endif
+    }
+    return s;
+}
+
+// Per format: its 8 unsigned operands for a block of 8 rows, the integer offset subtracted per
+// element (× the activations' int sum), and whether a float minimum m is added.
 struct Q4_0 {
     using Block = block_q4_0;
-    static constexpr bool kSigned = false, kOffset = true;
-    static __m256i load(const Block& b) { return nibbles(b.qs); }
-    static float offset(const Block& b) { return -8.0f * h2f(b.d); }
+    static constexpr int kOffset = 8;
+    static constexpr bool kMin = false;
+    static void operands(const uint8_t* const row[8], size_t off, __m256i op[8]) {
+        nibble_operands(row, off + offsetof(Block, qs), op);
+    }
 };
 struct Q4_1 {
     using Block = block_q4_1;
-    static constexpr bool kSigned = false, kOffset = true;
-    static __m256i load(const Block& b) { return nibbles(b.qs); }
-    static float offset(const Block& b) { return h2f(b.m); }
+    static constexpr int kOffset = 0;
+    static constexpr bool kMin = true;
+    static void operands(const uint8_t* const row[8], size_t off, __m256i op[8]) {
+        nibble_operands(row, off + offsetof(Block, qs), op);
+    }
 };
 struct Q5_0 {
     using Block = block_q5_0;
-    static constexpr bool kSigned = false, kOffset = true;
-    static __m256i load(const Block& b) { return _mm256_or_si256(nibbles(b.qs), fifth_bits(b.qh)); }
-    static float offset(const Block& b) { return -16.0f * h2f(b.d); }
+    static constexpr int kOffset = 16;
+    static constexpr bool kMin = false;
+    static void operands(const uint8_t* const row[8], size_t off, __m256i op[8]) {
+        nibble_operands(row, off + offsetof(Block, qs), op);
+        add_fifth_bits(row, off + offsetof(Block, qh), op);
+    }
 };
 struct Q5_1 {
     using Block = block_q5_1;
-    static constexpr bool kSigned = false, kOffset = true;
-    static __m256i load(const Block& b) { return _mm256_or_si256(nibbles(b.qs), fifth_bits(b.qh)); }
-    static float offset(const Block& b) { return h2f(b.m); }
+    static constexpr int kOffset = 0;
+    static constexpr bool kMin = true;
+    static void operands(const uint8_t* const row[8], size_t off, __m256i op[8]) {
+        nibble_operands(row, off + offsetof(Block, qs), op);
+        add_fifth_bits(row, off + offsetof(Block, qh), op);
+    }
 };
+// Signed weights become unsigned with a +128 bias (x ^ 0x80), taken back out through Σa.
+// Without VNNI the 16-bit pair sums of maddubs would saturate (255 · 127 · 2), so the plain
+// AVX2 build multiplies |w| by a carrying w's sign instead (see block_dot_signed).
 struct Q8_0 {
     using Block = block_q8_0;
-    static constexpr bool kSigned = true, kOffset = false;
-    static __m256i load(const Block& b) { return load32(b.qs); }
-    static float offset(const Block&) { return 0.0f; }
+    static constexpr int kOffset = 128;
+    static constexpr bool kMin = false;
+    static void operands(const uint8_t* const row[8], size_t off, __m256i op[8]) {
+        __m256i lo[4], hi[4];
+        transpose_8x16(row, off + offsetof(Block, qs), lo);
+        transpose_8x16(row, off + offsetof(Block, qs) + 16, hi);
+        for (int g = 0; g < 4; ++g) {
+            op[g] = lo[g];
+            op[g + 4] = hi[g];
+        }
+#if defined(__AVXVNNI__) || defined(__AVX512VNNI__)
+        for (int g = 0; g < 8; ++g) op[g] = _mm256_xor_si256(op[g], _mm256_set1_epi8(static_cast<char>(0x80)));
+#endif
+    }
 };
 
-// Up to R weight rows × T tokens (r × m of them) at once: each weight block is unpacked once
-// for all tokens and each activation block loaded once for all rows. Per (row, token) the
-// arithmetic is always the same — one accumulator, blocks in order — whatever the tile, so a
-// token's result does not depend on how many tokens or rows shared its step.
-template <typename F, int R, int T>
-inline void dot_tile_32(const uint8_t* wp, size_t w_stride, const uint8_t* x, size_t x_stride, int64_t nb, float* out) {
-    constexpr int r = R, m = T;  // compile-time, so the accumulators stay in registers
-    const typename F::Block* w[R];
-    const block_q8_0* a[T];
-    const float* asum[T];
-    __m256 acc[R][T];
-    float mins[R][T];
-    for (int i = 0; i < r; ++i) w[i] = reinterpret_cast<const typename F::Block*>(wp + i * w_stride);
-    for (int k = 0; k < m; ++k) {
-        a[k] = reinterpret_cast<const block_q8_0*>(x + k * x_stride);
-        asum[k] = q8_0_sums(a[k], nb);
+template <typename F>
+inline __m256i block_isum(const __m256i op[8], const block_q8_0& a, int32_t asum) {
+#if !defined(__AVXVNNI__) && !defined(__AVX512VNNI__)
+    if constexpr (F::kOffset == 128) {  // plain AVX2, Q8_0: signed × signed by the sign trick
+        __m256i s = _mm256_setzero_si256();
+        for (int g = 0; g < 8; ++g) {
+            uint32_t v;
+            std::memcpy(&v, a.qs + 4 * g, 4);
+            s = _mm256_add_epi32(s, dot_s8s8(op[g], _mm256_set1_epi32(static_cast<int>(v))));
+        }
+        return s;
     }
-    for (int i = 0; i < R; ++i)
-        for (int k = 0; k < T; ++k) {
-            acc[i][k] = _mm256_setzero_ps();
-            mins[i][k] = 0;
-        }
-    for (int64_t b = 0; b < nb; ++b) {
-        __m256i q[R];
-        float dw[R];
-        for (int i = 0; i < r; ++i) {
-            q[i] = F::load(w[i][b]);
-            dw[i] = h2f(w[i][b].d);
-        }
-        for (int k = 0; k < m; ++k) {
-            const __m256i qa = load32(a[k][b].qs);
-            const float da = h2f(a[k][b].d);
-            for (int i = 0; i < r; ++i) {
-                const __m256i p = F::kSigned ? dot_s8s8(q[i], qa) : dot_u8s8(q[i], qa);
-                acc[i][k] = _mm256_fmadd_ps(_mm256_set1_ps(dw[i] * da), _mm256_cvtepi32_ps(p), acc[i][k]);
-                if constexpr (F::kOffset) mins[i][k] += F::offset(w[i][b]) * asum[k][b];
-            }
-        }
-    }
-    for (int i = 0; i < r; ++i)
-        for (int k = 0; k < m; ++k) out[i * 4 + k] = F::kOffset ? hsum(acc[i][k]) + mins[i][k] : hsum(acc[i][k]);
+#endif
+    const __m256i s = block_dot(op, a.qs);
+    if constexpr (F::kOffset != 0) return _mm256_sub_epi32(s, _mm256_set1_epi32(F::kOffset * asum));
+    return s;
 }
 
-// The single-token form of dot_tile_32, spelled out (the same operations in the same order).
-template <typename F>
-float dot_32(const void* row, const void* xv, int64_t n) {
-    const auto* w = static_cast<const typename F::Block*>(row);
-    const auto* a = static_cast<const block_q8_0*>(xv);
-    const int64_t nb = n / QK8_0;
-    const float* asum = q8_0_sums(xv, nb);
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0;
-    for (int64_t b = 0; b < nb; ++b) {
-        const __m256i q = F::load(w[b]);
-        const __m256i qa = load32(a[b].qs);
-        const __m256i p = F::kSigned ? dot_s8s8(q, qa) : dot_u8s8(q, qa);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * h2f(a[b].d)), _mm256_cvtepi32_ps(p), acc);
-        if constexpr (F::kOffset) mins += F::offset(w[b]) * asum[b];
+// Rows [0, n_rows) (≤ 8; the missing ones repeat the last row, their lanes are dropped) × T
+// tokens: out[row * 4 + token].
+template <typename F, int T>
+void tile_32(const uint8_t* w, size_t w_stride, int n_rows, const uint8_t* x, size_t x_stride, int64_t nb, float* out) {
+    using Block = typename F::Block;
+    const uint8_t* row[8];
+    for (int i = 0; i < 8; ++i) row[i] = w + static_cast<size_t>(i < n_rows ? i : n_rows - 1) * w_stride;
+    const block_q8_0* a[T];
+    const float* fsum[T];
+    const int32_t* isum[T];
+    __m256 acc[T];
+    for (int k = 0; k < T; ++k) {
+        a[k] = reinterpret_cast<const block_q8_0*>(x + k * x_stride);
+        fsum[k] = q8_0_sums(a[k], nb);
+        isum[k] = reinterpret_cast<const int32_t*>(fsum[k] + nb);
+        acc[k] = _mm256_setzero_ps();
     }
-    return F::kOffset ? hsum(acc) + mins : hsum(acc);
+    for (int64_t b = 0; b < nb; ++b) {
+        const size_t off = static_cast<size_t>(b) * sizeof(Block);
+        __m256i op[8];
+        F::operands(row, off, op);
+        const __m256 d = gather_half(row, off + offsetof(Block, d));
+        __m256 m = _mm256_setzero_ps();
+        if constexpr (F::kMin) m = gather_half(row, off + offsetof(Block, m));
+        for (int k = 0; k < T; ++k) {
+            const __m256i s = block_isum<F>(op, a[k][b], isum[k][b]);
+            __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(h2f(a[k][b].d))));
+            if constexpr (F::kMin) t = _mm256_add_ps(t, _mm256_mul_ps(m, _mm256_set1_ps(fsum[k][b])));
+            acc[k] = _mm256_add_ps(acc[k], t);
+        }
+    }
+    for (int k = 0; k < T; ++k) {
+        alignas(32) float v[8];
+        _mm256_store_ps(v, acc[k]);
+        for (int i = 0; i < n_rows; ++i) out[i * 4 + k] = v[i];
+    }
 }
 
 template <typename F>
@@ -449,16 +547,20 @@ void dot_rows_32(const void* w, size_t w_stride, int n_rows, const void* x, size
     const auto* wp = static_cast<const uint8_t*>(w);
     const auto* xp = static_cast<const uint8_t*>(x);
     const int64_t nb = n / QK8_0;
-    switch (n_rows * 4 + n_tok) {
-        case 4 + 1: return dot_tile_32<F, 1, 1>(wp, w_stride, xp, x_stride, nb, out);
-        case 4 + 2: return dot_tile_32<F, 1, 2>(wp, w_stride, xp, x_stride, nb, out);
-        case 4 + 3: return dot_tile_32<F, 1, 3>(wp, w_stride, xp, x_stride, nb, out);
-        case 4 + 4: return dot_tile_32<F, 1, 4>(wp, w_stride, xp, x_stride, nb, out);
-        case 8 + 1: return dot_tile_32<F, 2, 1>(wp, w_stride, xp, x_stride, nb, out);
-        case 8 + 2: return dot_tile_32<F, 2, 2>(wp, w_stride, xp, x_stride, nb, out);
-        case 8 + 3: return dot_tile_32<F, 2, 3>(wp, w_stride, xp, x_stride, nb, out);
-        default: return dot_tile_32<F, 2, 4>(wp, w_stride, xp, x_stride, nb, out);
+    switch (n_tok) {
+        case 1: return tile_32<F, 1>(wp, w_stride, n_rows, xp, x_stride, nb, out);
+        case 2: return tile_32<F, 2>(wp, w_stride, n_rows, xp, x_stride, nb, out);
+        case 3: return tile_32<F, 3>(wp, w_stride, n_rows, xp, x_stride, nb, out);
+        default: return tile_32<F, 4>(wp, w_stride, n_rows, xp, x_stride, nb, out);
     }
+}
+
+// One row: the tile's arithmetic with every lane on the same row.
+template <typename F>
+float dot_32(const void* row, const void* x, int64_t n) {
+    float out;
+    tile_32<F, 1>(static_cast<const uint8_t*>(row), 0, 1, static_cast<const uint8_t*>(x), 0, n / QK8_0, &out);
+    return out;
 }
 
 // Q4_K / Q5_K against T tokens (T a compile-time 1..4, so the per-token sums stay in registers).

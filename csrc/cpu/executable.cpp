@@ -18,6 +18,14 @@ inline void split(int64_t n, int ith, int nth, int64_t* r0, int64_t* r1) {
     *r1 = n * (ith + 1) / nth;
 }
 
+// Weight rows in whole tiles per thread (the last thread takes the remainder).
+inline void split_rows(int64_t n, int ith, int nth, int64_t* r0, int64_t* r1) {
+    const int64_t tiles = (n + kTileRows - 1) / kTileRows;
+    split(tiles, ith, nth, r0, r1);
+    *r0 = std::min(*r0 * kTileRows, n);
+    *r1 = std::min(*r1 * kTileRows, n);
+}
+
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
     float ss = 0;
     for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
@@ -205,12 +213,12 @@ void Executable::exec(const Step& s, const StepInputs& in, int ith, int nth) {
     }
 }
 
-// dot(weight rows [r, r + nr) of part p, tokens [t, t + m)) into v[row * 4 + token]; nr ≤ 2, m ≤ 4.
+// dot(weight rows [r, r + nr) of part p, tokens [t, t + m)) into v[row * 4 + token]; nr ≤ 8, m ≤ 4.
 #define ER_DOT_TILE(p, r, nr, t, m, v)                                                                      \
     do {                                                                                                    \
         const Weight& w_ = *(p).weight;                                                                     \
         const uint8_t* wrow_ = w_.data + static_cast<size_t>(r) * w_.row_bytes;                             \
-        if ((p).dot_rows && ((m) > 1 || (nr) > 1)) {                                                     \
+        if ((p).dot_rows) {                                                                                 \
             const int fi_ = static_cast<int>((p).format);                                                   \
             (p).dot_rows(wrow_, w_.row_bytes, nr, qrow((p).format, t), qrow_bytes_[fi_], m, w_.cols, v);   \
         } else {                                                                                            \
@@ -229,7 +237,7 @@ void Executable::matmul(const Step& s, const StepInputs& in, int ith, int nth) {
     int64_t total = 0;
     for (int k = 0; k < s.n_parts; ++k) total += s.parts[k].weight->rows;
     int64_t g0, g1;
-    split(total, ith, nth, &g0, &g1);
+    split_rows(total, ith, nth, &g0, &g1);
     // Rows of the fused matrices are numbered one after another; this thread takes [g0, g1).
     int64_t base = 0;
     for (int k = 0; k < s.n_parts; ++k) {
@@ -239,12 +247,12 @@ void Executable::matmul(const Step& s, const StepInputs& in, int ith, int nth) {
         base += w.rows;
         const float* bias = p.bias ? reinterpret_cast<const float*>(p.bias->data) : nullptr;
         const bool to_logits = p.out == Buf::LOGITS;
-        // Tiles of 2 rows × 4 tokens: each weight row is read from memory once per step.
-        for (int64_t r = r0; r < r1; r += 2) {
-            const int nr = static_cast<int>(std::min<int64_t>(2, r1 - r));
-            for (int64_t t = first; t < in.n_tokens; t += 4) {
-                const int m = static_cast<int>(std::min<int64_t>(4, in.n_tokens - t));
-                float v[8];
+        // Tiles of 8 rows × 4 tokens: each weight row is read from memory once per step.
+        for (int64_t r = r0; r < r1; r += kTileRows) {
+            const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - r));
+            for (int64_t t = first; t < in.n_tokens; t += kTileTokens) {
+                const int m = static_cast<int>(std::min<int64_t>(kTileTokens, in.n_tokens - t));
+                float v[kTileRows * kTileTokens];
                 ER_DOT_TILE(p, r, nr, t, m, v);
                 for (int i = 0; i < nr; ++i)
                     for (int j = 0; j < m; ++j) {
@@ -264,12 +272,12 @@ void Executable::glu(const Step& s, const StepInputs& in, int ith, int nth) {
     const MatPart& gate = s.parts[0];
     const MatPart& up = s.parts[1];
     int64_t r0, r1;
-    split(gate.weight->rows, ith, nth, &r0, &r1);
-    for (int64_t r = r0; r < r1; r += 2) {
-        const int nr = static_cast<int>(std::min<int64_t>(2, r1 - r));
-        for (int64_t t = 0; t < in.n_tokens; t += 4) {
-            const int m = static_cast<int>(std::min<int64_t>(4, in.n_tokens - t));
-            float g[8], u[8];
+    split_rows(gate.weight->rows, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r += kTileRows) {
+        const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - r));
+        for (int64_t t = 0; t < in.n_tokens; t += kTileTokens) {
+            const int m = static_cast<int>(std::min<int64_t>(kTileTokens, in.n_tokens - t));
+            float g[kTileRows * kTileTokens], u[kTileRows * kTileTokens];
             ER_DOT_TILE(gate, r, nr, t, m, g);
             ER_DOT_TILE(up, r, nr, t, m, u);
             for (int i = 0; i < nr; ++i)

@@ -13,8 +13,9 @@ namespace edgerunner::cpu {
 
 // Activation formats a weight row is multiplied with.
 //   Float: float32 activations (F32/F16/BF16 weights, and every weight in precise mode).
-//   Q8_0:  32-element blocks of int8 + fp16 scale, with a float "d * sum(q)" per block
-//          (for the formats with an offset term: Q4_1, Q5_1).
+//   Q8_0:  32-element blocks of int8 + fp16 scale, then per block a float "d * sum(q)" (for
+//          the formats with a float offset: Q4_1, Q5_1), then per block the int32 sum(q)
+//          (for the integer offsets: Q4_0's -8, Q5_0's -16, Q8_0's +128 bias).
 //   Q8_K:  256-element blocks of int8 + float scale + 16 partial sums (the k-quants).
 enum class ActFormat : uint8_t { Float, Q8_0, Q8_K };
 
@@ -44,10 +45,11 @@ DotFn dot_float_fn(TensorType type);                          // precise: dequan
 DotFn dot_quant_fn(TensorType type, Isa isa = best_isa());    // fast: the weight's activation format
 DotFn dot_quant_fn_scalar(TensorType type);                   // the reference the SIMD kernels equal
 
-// A tile for prefill: n_rows (1 or 2) weight rows, w_stride bytes apart, against n_tok (1-4)
-// activation rows, x_stride bytes apart: out[row * 4 + token]. Per (row, token) the same
-// arithmetic, in the same order, as the single-token DotFn. Null where a type has no tile
-// kernel (the caller then loops the DotFn).
+// A tile: n_rows (1-8) weight rows, w_stride bytes apart, against n_tok (1-4) activation rows,
+// x_stride bytes apart: out[row * 4 + token]. Decode runs it with one token, prefill with four.
+// Per (row, token) the same arithmetic, in the same order, as the single-token DotFn, whatever
+// the tile's shape. Null where a type has no tile kernel (the caller then loops the DotFn).
+constexpr int kTileRows = 8, kTileTokens = 4;
 using DotRowsFn = void (*)(const void* w, size_t w_stride, int n_rows, const void* x, size_t x_stride, int n_tok,
                            int64_t n, float* out);
 DotRowsFn dot_rows_fn(TensorType type, Isa isa = best_isa());

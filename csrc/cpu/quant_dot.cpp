@@ -375,7 +375,7 @@ ActFormat act_format_for(TensorType type) {
 size_t act_bytes(ActFormat format, int64_t n) {
     switch (format) {
         case ActFormat::Float: return static_cast<size_t>(n) * sizeof(float);
-        case ActFormat::Q8_0: return static_cast<size_t>(n / QK8_0) * (sizeof(block_q8_0) + sizeof(float));
+        case ActFormat::Q8_0: return static_cast<size_t>(n / QK8_0) * (sizeof(block_q8_0) + sizeof(float) + sizeof(int32_t));
         case ActFormat::Q8_K: return static_cast<size_t>(n / QK_K) * sizeof(block_q8_K);
     }
     return 0;
@@ -389,9 +389,11 @@ void quantize_act(ActFormat format, const float* x, void* dst, int64_t n) {
             const int64_t nb = n / QK8_0;
             const auto* blocks = static_cast<const block_q8_0*>(dst);
             auto* sums = reinterpret_cast<float*>(static_cast<block_q8_0*>(dst) + nb);
+            auto* isums = reinterpret_cast<int32_t*>(sums + nb);
             for (int64_t b = 0; b < nb; ++b) {
                 int s = 0;
                 for (int j = 0; j < QK8_0; ++j) s += blocks[b].qs[j];
+                isums[b] = s;
                 sums[b] = h2f(blocks[b].d) * static_cast<float>(s);
             }
             return;
