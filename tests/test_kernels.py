@@ -64,7 +64,7 @@ def test_simd_equals_scalar_and_scalar_equals_float64(name):
 
 
 def test_isa_names():
-    assert _core.cpu_isa() in ("scalar", "avx2", "avxvnni")
+    assert _core.cpu_isa() in ("scalar", "avx2", "avxvnni", "avx512")
     with pytest.raises(ValueError, match="unknown instruction set"):
         _core.cpu_dot(0, np.zeros(128, np.uint8), np.zeros(32, np.float32), "sse9")
 
@@ -117,3 +117,23 @@ def test_attention_cache_kernels(kv_type):
         for isa in available_isas():
             got = _core.kv_attention(kv_type, k, v, q, isa)
             assert np.abs(got - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max()), f"{kv_type} {isa} seed {seed}"
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q8_K"])
+def test_activation_quantization_is_the_reference_bytes(fmt):
+    """Every kernel set quantizes activations to the scalar reference's bytes, including the
+    rounding ties (x · (1/d) exactly k + 0.5, which SIMD rounding would send to even)."""
+    seed = random.randrange(2**32)
+    rng = np.random.default_rng(seed)
+    n = 256 * 5
+    x = (rng.normal(0, 1, n) * rng.choice([1e-3, 1, 30], n)).astype(np.float32)
+    x[:32] = np.arange(-15.5, 16.5, 1.0, dtype=np.float32)   # ties: d = 16.5/127, but see next block
+    x[32:64] = np.float32(127.0) * np.sign(rng.normal(size=32))  # d = 1: x·(1/d) = x
+    x[33:63:2] = np.arange(-7.5, 7.5, 1.0, dtype=np.float32)   # exact ties at d = 1
+    x[64:96] = 0.0                                              # an all-zero block
+    ref = _core.cpu_quantize_act(fmt, x, "scalar")
+    if fmt == "Q8_0":  # the reference's block bytes are gguf's Q8_0
+        assert ref[:n // 32 * 34] == quants.quantize_q8_0(x).tobytes()
+    for isa in available_isas():
+        got = _core.cpu_quantize_act(fmt, x, isa)
+        assert got == ref, f"{fmt} {isa} seed {seed}: first difference at byte {next(i for i in range(len(ref)) if got[i] != ref[i])}"

@@ -1,5 +1,6 @@
-// x86 dot products: AVX2 (+FMA, F16C), built twice: once for plain AVX2 (int8 products by
-// maddubs + madd) and once with AVX-VNNI (one dpbusd). ER_ISA names the variant's namespace;
+// x86 dot products: AVX2 (+FMA, F16C), built three times: for plain AVX2 (int8 products by
+// maddubs + madd), with AVX-VNNI (one dpbusd), and with AVX-512 VNNI (EVEX dpbusd on 256-bit
+// vectors, and 32 vector registers). ER_ISA names the variant's namespace;
 // dispatch.cpp picks one at run time. Same results as quant_dot.cpp's scalar kernels: the
 // integer sums are identical, only the float accumulation order differs.
 //
@@ -11,11 +12,12 @@
 #include <cstddef>
 #include <cstring>
 
+#include "edgerunner/half.h"
 #include "edgerunner/quant_blocks.h"
 #include "kernels.h"
 
 #ifndef ER_ISA
-#error "define ER_ISA (avx2 or avxvnni)"
+#error "define ER_ISA (avx2, avxvnni or avx512)"
 #endif
 
 namespace edgerunner::cpu::ER_ISA {
@@ -25,7 +27,9 @@ inline float h2f(er_half h) { return _cvtsh_ss(h); }
 
 // Sum of the 8 int32 lanes of u8 × s8 products of 32 byte pairs, 4 pairs per lane.
 inline __m256i dot_u8s8(__m256i u, __m256i s) {
-#if defined(__AVXVNNI__)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
     return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
@@ -346,6 +350,51 @@ KvKernels kv_kernels(KvType type) {
 
 namespace edgerunner::cpu::ER_ISA {
 namespace {
+
+// ---- activation quantization -------------------------------------------------------------------
+// Q8_0 activations with their float and int block sums, byte for byte what the reference
+// quantize_row_q8_0 + quantize_act write: d = max|x| / 127, q = round-half-away(x · (1/d)).
+
+// roundf: round to nearest, ties away from zero (the SIMD rounding mode breaks ties to even).
+inline __m256 round_half_away(__m256 p) {
+    const __m256 t = _mm256_round_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 r = _mm256_round_ps(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 sign = _mm256_and_ps(p, _mm256_set1_ps(-0.0f));
+    const __m256 frac = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(p, t));  // |p - trunc p|, exact
+    const __m256 away = _mm256_add_ps(t, _mm256_or_ps(_mm256_set1_ps(1.0f), sign));
+    return _mm256_blendv_ps(r, away, _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_EQ_OQ));
+}
+
+void quantize_q8_0_act(const float* x, void* dst, int64_t n) {
+    const int64_t nb = n / QK8_0;
+    auto* y = static_cast<block_q8_0*>(dst);
+    auto* fsum = reinterpret_cast<float*>(y + nb);
+    auto* isum = reinterpret_cast<int32_t*>(fsum + nb);
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    for (int64_t b = 0; b < nb; ++b, x += QK8_0) {
+        __m256 v[4];
+        __m256 amax = _mm256_setzero_ps();
+        for (int k = 0; k < 4; ++k) {
+            v[k] = _mm256_loadu_ps(x + 8 * k);
+            amax = _mm256_max_ps(_mm256_and_ps(v[k], abs_mask), amax);  // NaN lanes keep amax, as fmax does
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float d = _mm_cvtss_f32(m) / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = fp32_to_fp16(d);
+        __m256i q[4];
+        for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(round_half_away(_mm256_mul_ps(v[k], _mm256_set1_ps(id))));
+        // int32 → int8 (values in [-127, 127]); the packs interleave 128-bit halves, the permute undoes it
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs),
+                            _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        const int s = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+        isum[b] = s;
+        fsum[b] = h2f(y[b].d) * static_cast<float>(s);
+    }
+}
 
 // ---- 32-element formats, one SIMD lane per weight row --------------------------------------
 // Eight weight rows are transposed in registers so that one 32-bit lane holds four consecutive
@@ -698,6 +747,8 @@ float dot_q8_0(const void* row, const void* x, int64_t n) { return dot_32<Q8_0>(
 float dot_q4_K(const void* row, const void* x, int64_t n) { return dot_k<Q4KTile>(row, x, n); }
 float dot_q5_K(const void* row, const void* x, int64_t n) { return dot_k<Q5KTile>(row, x, n); }
 float dot_q6_K(const void* row, const void* x, int64_t n) { return dot_k<Q6KTile>(row, x, n); }
+
+QuantizeFn quantize_fn(ActFormat format) { return format == ActFormat::Q8_0 ? quantize_q8_0_act : nullptr; }
 
 DotRowsFn dot_rows_fn(TensorType type) {
     switch (type) {

@@ -319,9 +319,9 @@ void Executable::attention(const Op& op, const StepInputs& in, int ith, int nth)
     const size_t head_bytes = kv_.row_bytes / static_cast<size_t>(c_.n_head_kv);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     float* scores = scores_.data() + static_cast<size_t>(ith) * kv_.capacity;
-    int64_t i0, i1;
-    split(in.n_tokens * op.heads, ith, nth, &i0, &i1);
-    for (int64_t i = i0; i < i1; ++i) {
+    // (token, head) pairs dealt round-robin: a causal token's cost grows with its position, so
+    // contiguous ranges would leave the first thread idle at the barrier.
+    for (int64_t i = ith; i < in.n_tokens * op.heads; i += nth) {
         const int64_t t = i / op.heads, h = i % op.heads;
         const size_t head_offset = static_cast<size_t>(h / group) * head_bytes;
         const int64_t pos = in.pos0 + t;

@@ -25,17 +25,24 @@ ActFormat act_format_for(TensorType type);
 // Bytes needed to hold n activations in `format` (Q8_0 includes the per-block sums).
 size_t act_bytes(ActFormat format, int64_t n);
 
-// Quantize one row of n activations (n a multiple of the format's block) into `dst`.
-void quantize_act(ActFormat format, const float* x, void* dst, int64_t n);
+// Quantize one row of n activations (n a multiple of the format's block) into `dst`. Every
+// kernel set writes the same bytes; the scalar one is the reference.
+enum class Isa;
+void quantize_act(ActFormat format, const float* x, void* dst, int64_t n, Isa isa);
+void quantize_act(ActFormat format, const float* x, void* dst, int64_t n);  // best_isa()
+using QuantizeFn = void (*)(const float* x, void* dst, int64_t n);
 
 // dot(weight row of n elements, activations). `x` is float* for ActFormat::Float, otherwise a
 // row produced by quantize_act in act_format_for(type). Types without a kernel are rejected at
 // load time, never here.
 using DotFn = float (*)(const void* row, const void* x, int64_t n);
 
-// Instruction sets with kernels. best_isa() reads the CPU once; the environment variable
-// EDGERUNNER_ISA=scalar|avx2|avxvnni lowers it (for comparisons and benchmarks).
-enum class Isa { Scalar, Avx2, AvxVnni };
+// Instruction sets with kernels, in order of preference. best_isa() reads the CPU once; the
+// environment variable EDGERUNNER_ISA=scalar|avx2|avxvnni|avx512 picks another one this CPU
+// runs (for comparisons and benchmarks). avx512 is AVX-512 F/BW/VL/DQ + VNNI; a CPU may have
+// it without AVX-VNNI (Ice Lake, Cascade Lake) or the reverse (Alder Lake).
+enum class Isa { Scalar, Avx2, AvxVnni, Avx512 };
+QuantizeFn quantize_fn(ActFormat format, Isa isa);  // null: the reference is used
 Isa best_isa();
 std::vector<Isa> available_isas();  // every set this CPU can run, scalar first
 const char* isa_name(Isa isa);

@@ -381,7 +381,10 @@ size_t act_bytes(ActFormat format, int64_t n) {
     return 0;
 }
 
-void quantize_act(ActFormat format, const float* x, void* dst, int64_t n) {
+void quantize_act(ActFormat format, const float* x, void* dst, int64_t n) { quantize_act(format, x, dst, n, best_isa()); }
+
+void quantize_act(ActFormat format, const float* x, void* dst, int64_t n, Isa isa) {
+    if (QuantizeFn fn = quantize_fn(format, isa)) return fn(x, dst, n);
     switch (format) {
         case ActFormat::Float: std::memcpy(dst, x, static_cast<size_t>(n) * sizeof(float)); return;
         case ActFormat::Q8_0: {

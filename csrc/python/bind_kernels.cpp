@@ -27,6 +27,18 @@ void bind_kernels(nb::module_& m) {
         for (cpu::Isa isa : cpu::available_isas()) names.emplace_back(cpu::isa_name(isa));
         return names;
     }, "Every instruction set this CPU can run the kernels with, scalar first.");
+    m.def("cpu_quantize_act", [](const std::string& format, nb::ndarray<const float, nb::ndim<1>, nb::c_contig> x,
+                                 const std::string& isa) {
+        if (format != "Q8_0" && format != "Q8_K")
+            throw std::invalid_argument("activation format must be Q8_0 or Q8_K, not '" + format + "'");
+        const cpu::ActFormat f = format == "Q8_0" ? cpu::ActFormat::Q8_0 : cpu::ActFormat::Q8_K;
+        const int64_t n = static_cast<int64_t>(x.shape(0)), block = f == cpu::ActFormat::Q8_0 ? 32 : 256;
+        if (n % block != 0) throw std::invalid_argument("x must be a whole number of " + std::to_string(block) + "-element blocks");
+        std::string out(cpu::act_bytes(f, n), '\0');
+        cpu::quantize_act(f, x.data(), out.data(), n, cpu::parse_isa(isa.c_str()));
+        return nb::bytes(out.data(), out.size());
+    }, nb::arg("format"), nb::arg("x"), nb::arg("isa"),
+       "Activations as the kernels see them (blocks, then the per-block sums), with the given kernel set.");
     m.def("cpu_dot", [](uint32_t type_id, nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig> row,
                         nb::ndarray<const float, nb::ndim<1>, nb::c_contig> x, const std::string& isa) {
         auto info = tensor_type_info(type_id);
