@@ -18,7 +18,7 @@ TYPES = ["F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL",
 
 # The 32-element formats' SIMD kernels do the scalar reference's arithmetic in its order (exact
 # integer block sums, one float multiply-add per block): bitwise equal, not just close.
-EXACT = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
+EXACT = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
 
 
 def available_isas():

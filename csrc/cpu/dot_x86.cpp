@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 
 #include "edgerunner/half.h"
 #include "edgerunner/quant_blocks.h"
@@ -612,128 +613,208 @@ float dot_32(const void* row, const void* x, int64_t n) {
     return out;
 }
 
-// Q4_K / Q5_K against T tokens (T a compile-time 1..4, so the per-token sums stay in registers).
-template <bool kFiveBit, typename Block, int T>
-void dot_q45_K_tile(const Block* w, const uint8_t* x, size_t x_stride, int64_t n, float* out) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-    const block_q8_K* a[T];
-    float sum[T];
-    for (int k = 0; k < T; ++k) {
-        a[k] = reinterpret_cast<const block_q8_K*>(x + k * x_stride);
-        sum[k] = 0;
-    }
-    for (int64_t b = 0; b < n / QK_K; ++b) {
-        __m256i isum[T];
-        int msum[T];
-        for (int k = 0; k < T; ++k) {
-            isum[k] = _mm256_setzero_si256();
-            msum[k] = 0;
-        }
-        __m256i qh = _mm256_setzero_si256();
-        if constexpr (kFiveBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh));
-        for (int g = 0; g < 4; ++g) {
-            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * g));
-            __m256i lo = _mm256_and_si256(q, low4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-            if constexpr (kFiveBit) {
-                // bit 2g of qh[l] is bit 4 of sub-block 2g's element l, bit 2g+1 of 2g+1's
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
-            }
-            int sc0, m0, sc1, m1;
-            k_scale_min(w[b].scales, 2 * g, &sc0, &m0);
-            k_scale_min(w[b].scales, 2 * g + 1, &sc1, &m1);
-            const __m256i s0 = _mm256_set1_epi32(sc0), s1 = _mm256_set1_epi32(sc1);
-            for (int k = 0; k < T; ++k) {
-                const __m256i p0 = dot_u8s8(lo, load32(a[k][b].qs + 64 * g));
-                const __m256i p1 = dot_u8s8(hi, load32(a[k][b].qs + 64 * g + 32));
-                isum[k] = _mm256_add_epi32(isum[k], _mm256_add_epi32(_mm256_mullo_epi32(p0, s0), _mm256_mullo_epi32(p1, s1)));
-                const int16_t* bs = a[k][b].bsums;
-                msum[k] += m0 * (bs[4 * g] + bs[4 * g + 1]) + m1 * (bs[4 * g + 2] + bs[4 * g + 3]);
-            }
-        }
-        for (int k = 0; k < T; ++k)
-            sum[k] += a[k][b].d * (h2f(w[b].d) * static_cast<float>(hsum_i32(isum[k])) -
-                                   h2f(w[b].dmin) * static_cast<float>(msum[k]));
-    }
-    for (int k = 0; k < T; ++k) out[k] = sum[k];
+// ---- k-quants, one SIMD lane per weight row ---------------------------------------------------
+// The 32-element formats' scheme on 256-element blocks: 8 rows transposed in registers, each
+// sub-block's integer dot of every row in its own lane, scaled by the row's sub-block scale in
+// integers; per (row, token) the scalar reference's arithmetic, bitwise.
+
+// 8 rows' 32 bytes at row[i] + off → 8 vectors; vector k, lane i = bytes 4k..4k+3 of row i.
+inline void transpose_8x32(const uint8_t* const row[8], size_t off, __m256i y[8]) {
+    transpose_8x16(row, off, y);
+    transpose_8x16(row, off + 16, y + 4);
 }
 
-template <int T>
-void dot_q6_K_tile(const block_q6_K* w, const uint8_t* x, size_t x_stride, int64_t n, float* out) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+// Lanes holding (lo16, hi16) fp16 pairs → the 8 low halves and the 8 high halves as floats.
+inline void halves_to_float(__m256i pairs, __m256* lo, __m256* hi) {
+    const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                           0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    const __m256i v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(pairs, split), _MM_SHUFFLE(3, 1, 2, 0));
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(v));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1));
+}
+
+inline __m256i bcast4(const int8_t* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm256_set1_epi32(static_cast<int>(v));
+}
+
+inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, dot_u8s8(u, s));
+#endif
+}
+
+// Q4_K / Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins. Per (row, token):
+//   isum = Σ sc_j · (q_j · a_j), msum = Σ m_j · Σa_j, sum += d_a · (d · isum - dmin · msum).
+template <bool kFiveBit, int T>
+void tile_q45_K(const uint8_t* w, size_t w_stride, int n_rows, const uint8_t* x, size_t x_stride, int64_t nb, float* out) {
+    using Block = std::conditional_t<kFiveBit, block_q5_K, block_q4_K>;
+    const uint8_t* row[8];
+    for (int i = 0; i < 8; ++i) row[i] = w + static_cast<size_t>(i < n_rows ? i : n_rows - 1) * w_stride;
     const block_q8_K* a[T];
-    float sum[T];
+    __m256 acc[T];
     for (int k = 0; k < T; ++k) {
         a[k] = reinterpret_cast<const block_q8_K*>(x + k * x_stride);
-        sum[k] = 0;
+        acc[k] = _mm256_setzero_ps();
     }
-    for (int64_t b = 0; b < n / QK_K; ++b) {
-        int isum[T];
-        for (int k = 0; k < T; ++k) isum[k] = 0;
-        for (int h = 0; h < 2; ++h) {
-            const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].ql + 64 * h));
-            const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].ql + 64 * h + 32));
-            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh + 32 * h));
-            // element h*128 + s*32 + l: nibble of ql[h*64 + (s%2)*32 + l] (high for s >= 2), 2 bits at 2s of qh
-            const __m256i lo4[4] = {_mm256_and_si256(ql0, low4), _mm256_and_si256(ql1, low4),
-                                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4)};
-            for (int s = 0; s < 4; ++s) {
-                // 0..63; the -32 comes from bsums. Two sub-blocks of 16 with their own scales:
-                // the 32-wide dot is split in halves.
-                const __m256i q = _mm256_or_si256(lo4[s], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), two), 4));
-                const int sb = h * 8 + s * 2;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const __m256i mask6 = _mm256_set1_epi32(0x3f3f3f3f), mask4 = _mm256_set1_epi32(0x0f0f0f0f),
+                  mask2 = _mm256_set1_epi32(0x03030303), byte = _mm256_set1_epi32(0xFF);
+    for (int64_t b = 0; b < nb; ++b) {
+        const size_t off = static_cast<size_t>(b) * sizeof(Block);
+        // d, dmin and the 12 scale bytes are the block's first 16 bytes
+        __m256i head[4];
+        transpose_8x16(row, off, head);
+        __m256 d, dmin;
+        halves_to_float(head[0], &d, &dmin);
+        // unpack the 6-bit scales: sc[0-3], sc[4-7], m[0-3], m[4-7] as bytes of 4 lanes each
+        const __m256i s0 = head[1], s1 = head[2], s2 = head[3];
+        const __m256i sc[2] = {_mm256_and_si256(s0, mask6),
+                               _mm256_or_si256(_mm256_and_si256(s2, mask4),
+                                               _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s0, 6), mask2), 4))};
+        const __m256i mn[2] = {_mm256_and_si256(s1, mask6),
+                               _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, 4), mask4),
+                                               _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s1, 6), mask2), 4))};
+        __m256i qh[8];
+        if constexpr (kFiveBit) transpose_8x32(row, off + offsetof(Block, qh), qh);
+        __m256i isum[T], msum[T];
+        for (int k = 0; k < T; ++k) isum[k] = msum[k] = _mm256_setzero_si256();
+        for (int g = 0; g < 4; ++g) {  // sub-blocks 2g (low nibbles) and 2g + 1 (high nibbles)
+            __m256i q[8];
+            transpose_8x32(row, off + offsetof(Block, qs) + 32 * g, q);
+            __m256i dlo[T], dhi[T];
+            for (int k = 0; k < T; ++k) dlo[k] = dhi[k] = _mm256_setzero_si256();
+            for (int e = 0; e < 8; ++e) {
+                __m256i lo = _mm256_and_si256(q[e], low4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q[e], 4), low4);
+                if constexpr (kFiveBit) {
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh[e], 2 * g), one), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh[e], 2 * g + 1), one), 4));
+                }
                 for (int k = 0; k < T; ++k) {
-                    const __m256i prod = dot_u8s8(q, load32(a[k][b].qs + h * 128 + s * 32));
-                    isum[k] += w[b].scales[sb] * (hsum_i32x4(_mm256_castsi256_si128(prod)) - 32 * a[k][b].bsums[sb]) +
-                               w[b].scales[sb + 1] * (hsum_i32x4(_mm256_extracti128_si256(prod, 1)) - 32 * a[k][b].bsums[sb + 1]);
+                    dlo[k] = dpbusd(dlo[k], lo, bcast4(a[k][b].qs + 64 * g + 4 * e));
+                    dhi[k] = dpbusd(dhi[k], hi, bcast4(a[k][b].qs + 64 * g + 32 + 4 * e));
                 }
             }
+            const int sh = 16 * (g % 2);  // sub-block 2g's scale is byte (2g) % 4 of its word
+            const __m256i sc_lo = _mm256_and_si256(_mm256_srli_epi32(sc[g / 2], sh), byte);
+            const __m256i sc_hi = _mm256_and_si256(_mm256_srli_epi32(sc[g / 2], sh + 8), byte);
+            const __m256i m_lo = _mm256_and_si256(_mm256_srli_epi32(mn[g / 2], sh), byte);
+            const __m256i m_hi = _mm256_and_si256(_mm256_srli_epi32(mn[g / 2], sh + 8), byte);
+            for (int k = 0; k < T; ++k) {
+                const int16_t* bs = a[k][b].bsums + 4 * g;
+                isum[k] = _mm256_add_epi32(isum[k], _mm256_add_epi32(_mm256_mullo_epi32(dlo[k], sc_lo), _mm256_mullo_epi32(dhi[k], sc_hi)));
+                msum[k] = _mm256_add_epi32(msum[k], _mm256_add_epi32(_mm256_mullo_epi32(m_lo, _mm256_set1_epi32(bs[0] + bs[1])),
+                                                                     _mm256_mullo_epi32(m_hi, _mm256_set1_epi32(bs[2] + bs[3]))));
+            }
         }
-        for (int k = 0; k < T; ++k) sum[k] += h2f(w[b].d) * a[k][b].d * static_cast<float>(isum[k]);
+        for (int k = 0; k < T; ++k) {
+            const __m256 t = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[k])), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum[k])));
+            acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_set1_ps(a[k][b].d), t));
+        }
     }
-    for (int k = 0; k < T; ++k) out[k] = sum[k];
+    for (int k = 0; k < T; ++k) {
+        alignas(32) float v[8];
+        _mm256_store_ps(v, acc[k]);
+        for (int i = 0; i < n_rows; ++i) out[i * 4 + k] = v[i];
+    }
+}
+
+// Q6_K: 16 sub-blocks of 16 with int8 scales, q 6 bits with offset 32. Per (row, token):
+//   isum = Σ sc_j · (q_j · a_j - 32 · Σa_j), sum += d · d_a · isum.
+template <int T>
+void tile_q6_K(const uint8_t* w, size_t w_stride, int n_rows, const uint8_t* x, size_t x_stride, int64_t nb, float* out) {
+    const uint8_t* row[8];
+    for (int i = 0; i < 8; ++i) row[i] = w + static_cast<size_t>(i < n_rows ? i : n_rows - 1) * w_stride;
+    const block_q8_K* a[T];
+    __m256 acc[T];
+    for (int k = 0; k < T; ++k) {
+        a[k] = reinterpret_cast<const block_q8_K*>(x + k * x_stride);
+        acc[k] = _mm256_setzero_ps();
+    }
+    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < nb; ++b) {
+        const size_t off = static_cast<size_t>(b) * sizeof(block_q6_K);
+        const __m256 d = gather_half(row, off + offsetof(block_q6_K, d));
+        __m256i scales[4];  // lane i: row i's scales 4j..4j+3 (int8)
+        transpose_8x16(row, off + offsetof(block_q6_K, scales), scales);
+        __m256i isum[T];
+        for (int k = 0; k < T; ++k) isum[k] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; ++h) {
+            __m256i ql[2][8], qh[8];
+            transpose_8x32(row, off + offsetof(block_q6_K, ql) + 64 * h, ql[0]);
+            transpose_8x32(row, off + offsetof(block_q6_K, ql) + 64 * h + 32, ql[1]);
+            transpose_8x32(row, off + offsetof(block_q6_K, qh) + 32 * h, qh);
+            for (int s = 0; s < 4; ++s)
+                for (int half = 0; half < 2; ++half) {  // sub-block j = h·8 + s·2 + half: elements l = 16·half .. +15
+                    const int j = h * 8 + s * 2 + half;
+                    __m256i dot[T];
+                    for (int k = 0; k < T; ++k) dot[k] = _mm256_setzero_si256();
+                    for (int e = 4 * half; e < 4 * half + 4; ++e) {
+                        const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql[s % 2][e], 4 * (s / 2)), low4);
+                        const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh[e], 2 * s), two), 4);
+                        const __m256i q = _mm256_or_si256(lo, hi);
+                        for (int k = 0; k < T; ++k) dot[k] = dpbusd(dot[k], q, bcast4(a[k][b].qs + h * 128 + s * 32 + 4 * e));
+                    }
+                    // the sub-block's int8 scale, sign-extended: byte j % 4 of scales[j / 4]
+                    const __m256i sc = _mm256_srai_epi32(_mm256_slli_epi32(scales[j / 4], 24 - 8 * (j % 4)), 24);
+                    for (int k = 0; k < T; ++k) {
+                        const __m256i centered = _mm256_sub_epi32(dot[k], _mm256_set1_epi32(32 * a[k][b].bsums[j]));
+                        isum[k] = _mm256_add_epi32(isum[k], _mm256_mullo_epi32(centered, sc));
+                    }
+                }
+        }
+        for (int k = 0; k < T; ++k)
+            acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_mul_ps(d, _mm256_set1_ps(a[k][b].d)), _mm256_cvtepi32_ps(isum[k])));
+    }
+    for (int k = 0; k < T; ++k) {
+        alignas(32) float v[8];
+        _mm256_store_ps(v, acc[k]);
+        for (int i = 0; i < n_rows; ++i) out[i * 4 + k] = v[i];
+    }
 }
 
 struct Q4KTile {
     template <int T>
-    static void run(const void* w, const uint8_t* x, size_t xs, int64_t n, float* out) {
-        dot_q45_K_tile<false, block_q4_K, T>(static_cast<const block_q4_K*>(w), x, xs, n, out);
+    static void run(const uint8_t* w, size_t ws, int nr, const uint8_t* x, size_t xs, int64_t nb, float* out) {
+        tile_q45_K<false, T>(w, ws, nr, x, xs, nb, out);
     }
 };
 struct Q5KTile {
     template <int T>
-    static void run(const void* w, const uint8_t* x, size_t xs, int64_t n, float* out) {
-        dot_q45_K_tile<true, block_q5_K, T>(static_cast<const block_q5_K*>(w), x, xs, n, out);
+    static void run(const uint8_t* w, size_t ws, int nr, const uint8_t* x, size_t xs, int64_t nb, float* out) {
+        tile_q45_K<true, T>(w, ws, nr, x, xs, nb, out);
     }
 };
 struct Q6KTile {
     template <int T>
-    static void run(const void* w, const uint8_t* x, size_t xs, int64_t n, float* out) {
-        dot_q6_K_tile<T>(static_cast<const block_q6_K*>(w), x, xs, n, out);
+    static void run(const uint8_t* w, size_t ws, int nr, const uint8_t* x, size_t xs, int64_t nb, float* out) {
+        tile_q6_K<T>(w, ws, nr, x, xs, nb, out);
     }
 };
 
 template <typename K>
 float dot_k(const void* row, const void* x, int64_t n) {
     float out;
-    K::template run<1>(row, static_cast<const uint8_t*>(x), 0, n, &out);
+    K::template run<1>(static_cast<const uint8_t*>(row), 0, 1, static_cast<const uint8_t*>(x), 0, n / QK_K, &out);
     return out;
 }
 
 template <typename K>
 void dot_rows_k(const void* w, size_t w_stride, int n_rows, const void* x, size_t x_stride, int n_tok, int64_t n,
                 float* out) {
+    const auto* wp = static_cast<const uint8_t*>(w);
     const auto* xp = static_cast<const uint8_t*>(x);
-    for (int i = 0; i < n_rows; ++i) {
-        const void* row = static_cast<const uint8_t*>(w) + i * w_stride;
-        switch (n_tok) {
-            case 1: K::template run<1>(row, xp, x_stride, n, out + 4 * i); break;
-            case 2: K::template run<2>(row, xp, x_stride, n, out + 4 * i); break;
-            case 3: K::template run<3>(row, xp, x_stride, n, out + 4 * i); break;
-            default: K::template run<4>(row, xp, x_stride, n, out + 4 * i); break;
-        }
+    switch (n_tok) {
+        case 1: return K::template run<1>(wp, w_stride, n_rows, xp, x_stride, n / QK_K, out);
+        case 2: return K::template run<2>(wp, w_stride, n_rows, xp, x_stride, n / QK_K, out);
+        case 3: return K::template run<3>(wp, w_stride, n_rows, xp, x_stride, n / QK_K, out);
+        default: return K::template run<4>(wp, w_stride, n_rows, xp, x_stride, n / QK_K, out);
     }
 }
 
