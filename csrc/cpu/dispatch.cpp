@@ -18,18 +18,21 @@ DotFn dot_fn(TensorType type);
 DotRowsFn dot_rows_fn(TensorType type);
 KvKernels kv_kernels(KvType type);
 QuantizeFn quantize_fn(ActFormat format);
+MathKernels math_kernels();
 }  // namespace avx2
 namespace avxvnni {
 DotFn dot_fn(TensorType type);
 DotRowsFn dot_rows_fn(TensorType type);
 KvKernels kv_kernels(KvType type);
 QuantizeFn quantize_fn(ActFormat format);
+MathKernels math_kernels();
 }  // namespace avxvnni
 namespace avx512 {
 DotFn dot_fn(TensorType type);
 DotRowsFn dot_rows_fn(TensorType type);
 KvKernels kv_kernels(KvType type);
 QuantizeFn quantize_fn(ActFormat format);
+MathKernels math_kernels();
 }  // namespace avx512
 #endif
 
@@ -142,6 +145,16 @@ QuantizeFn quantize_fn(ActFormat format, Isa isa) {
     (void)format;
     (void)isa;
     return nullptr;
+}
+
+MathKernels math_kernels(Isa isa) {
+#if defined(ER_HAVE_X86_KERNELS)
+    if (isa == Isa::Avx512) return avx512::math_kernels();
+    if (isa == Isa::AvxVnni) return avxvnni::math_kernels();
+    if (isa == Isa::Avx2) return avx2::math_kernels();
+#endif
+    (void)isa;
+    return math_kernels_scalar();
 }
 
 KvKernels kv_kernels(KvType type, Isa isa) {

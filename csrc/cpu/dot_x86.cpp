@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include <cstddef>
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -332,11 +333,123 @@ void kv_axpy_q8_0(float w, const void* v, float* out, int64_t n) {
 
 }  // namespace
 
+// ---- elementwise math ---------------------------------------------------------------------------
+
+// e^x, within 2 ulp over the range that matters here (Cephes' expf: x = n·ln2 + r, a degree-6
+// polynomial in r, times 2^n); inputs clamped to [-87.3, 88] so 2^n stays a normal float.
+inline __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// Lanes [0, k) of a mask, k in 1..8: the tail of a row, loaded and stored without a scalar loop.
+inline __m256i tail_mask(int64_t k) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(k)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+void silu_mul(float* g, const float* u, int64_t n) {
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i m = tail_mask(n - i);
+        const __m256 gv = _mm256_maskload_ps(g + i, m), uv = _mm256_maskload_ps(u + i, m);
+        const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+        _mm256_maskstore_ps(g + i, m, _mm256_mul_ps(s, uv));
+    }
+}
+
+float exp_sum(float* x, int64_t n, float shift) {
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i m = tail_mask(n - i);
+        const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_maskload_ps(x + i, m), _mm256_set1_ps(shift))),
+                                       _mm256_castsi256_ps(m));
+        _mm256_maskstore_ps(x + i, m, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    return hsum(sum);
+}
+
+// f32 / f16 caches: four positions per pass. Scores: four dot products side by side, reduced
+// together; values: the output row stays in registers across the four rows it accumulates.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+template <typename E>
+void kv_scores_x4(const uint8_t* base, size_t slot_bytes, int64_t capacity, int64_t start, int64_t end, const float* q,
+                  int64_t n, float scale, float* out) {
+    if (n % 8 != 0) return kv_scores_loop<std::is_same_v<E, float> ? kv_dot_f32 : kv_dot_f16>(base, slot_bytes, capacity, start, end, q, n, scale, out);
+    const auto at = [&](int64_t s) { return reinterpret_cast<const E*>(base + static_cast<size_t>(s) * slot_bytes); };
+    int64_t slot = start % capacity;
+    for (int64_t p = start; p < end;) {
+        if (p + 4 <= end && slot + 4 <= capacity) {  // four slots in a row
+            const E* k0 = at(slot);
+            const E* k1 = at(slot + 1);
+            const E* k2 = at(slot + 2);
+            const E* k3 = at(slot + 3);
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t i = 0; i < n; i += 8) {
+                const __m256 qv = _mm256_loadu_ps(q + i);
+                a0 = _mm256_fmadd_ps(load8(k0 + i), qv, a0);
+                a1 = _mm256_fmadd_ps(load8(k1 + i), qv, a1);
+                a2 = _mm256_fmadd_ps(load8(k2 + i), qv, a2);
+                a3 = _mm256_fmadd_ps(load8(k3 + i), qv, a3);
+            }
+            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+            const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+            _mm_storeu_ps(out + (p - start), _mm_mul_ps(sum, _mm_set1_ps(scale)));
+            p += 4;
+            slot += 4;
+        } else {  // the last few positions, or the ones at the ring's end
+            const E* k = at(slot);
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(load8(k + i), _mm256_loadu_ps(q + i), acc);
+            out[p - start] = hsum(acc) * scale;
+            ++p;
+            ++slot;
+        }
+        if (slot == capacity) slot = 0;
+    }
+}
+
+template <typename E>
+void kv_values_x4(const uint8_t* base, size_t slot_bytes, int64_t capacity, int64_t start, int64_t end, const float* w,
+                  int64_t n, float* out) {
+    if (n % 8 != 0) return kv_values_loop<std::is_same_v<E, float> ? kv_axpy_f32 : kv_axpy_f16>(base, slot_bytes, capacity, start, end, w, n, out);
+    const auto at = [&](int64_t s) { return reinterpret_cast<const E*>(base + static_cast<size_t>(s) * slot_bytes); };
+    for (int64_t i = 0; i < n; i += 32) {  // 32 output columns in registers, all positions
+        const int cols = static_cast<int>(std::min<int64_t>(32, n - i)) / 8;
+        __m256 acc[4];
+        for (int c = 0; c < 4; ++c) acc[c] = c < cols ? _mm256_loadu_ps(out + i + 8 * c) : _mm256_setzero_ps();
+        int64_t slot = start % capacity;
+        for (int64_t p = start; p < end; ++p) {
+            const E* v = at(slot) + i;
+            const __m256 wv = _mm256_set1_ps(w[p - start]);
+            for (int c = 0; c < 4; ++c)
+                if (c < cols) acc[c] = _mm256_fmadd_ps(wv, load8(v + 8 * c), acc[c]);
+            if (++slot == capacity) slot = 0;
+        }
+        for (int c = 0; c < cols; ++c) _mm256_storeu_ps(out + i + 8 * c, acc[c]);
+    }
+}
+
+MathKernels math_kernels() { return {silu_mul, exp_sum}; }
+
 // q8_0 caches have head sizes that are multiples of 32 (checked at load).
 KvKernels kv_kernels(KvType type) {
     switch (type) {
-        case KvType::F32: return {kv_scores_loop<kv_dot_f32>, kv_values_loop<kv_axpy_f32>};
-        case KvType::F16: return {kv_scores_loop<kv_dot_f16>, kv_values_loop<kv_axpy_f16>};
+        case KvType::F32: return {kv_scores_x4<float>, kv_values_x4<float>};
+        case KvType::F16: return {kv_scores_x4<uint16_t>, kv_values_x4<uint16_t>};
         case KvType::Q8_0: return {kv_scores_loop<kv_dot_q8_0>, kv_values_loop<kv_axpy_q8_0>};
     }
     return {nullptr, nullptr};

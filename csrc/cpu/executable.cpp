@@ -118,6 +118,7 @@ Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, Thread
     }
     scores_.assign(static_cast<size_t>(pool_.size() * kv_.capacity), 0.0f);
     kv_fn_ = precise_ ? kv_kernels_scalar(kv_.type) : kv_kernels(kv_.type);
+    math_ = precise_ ? math_kernels_scalar() : math_kernels();
 
     // RoPE inverse frequencies, computed as Hugging Face does (float32 pow), then divided by
     // the per-pair factors of rope_freqs when the model has them.
@@ -207,7 +208,7 @@ void Executable::exec(const Step& s, const StepInputs& in, int ith, int nth) {
             split(n, ith, nth, &t0, &t1);
             float* g = row(op.in, 0);
             const float* u = row(Buf::UP, 0);
-            for (int64_t i = t0; i < t1; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+            math_.silu_mul(g + t0, u + t0, t1 - t0);
             return;
         }
     }
@@ -277,11 +278,12 @@ void Executable::glu(const Step& s, const StepInputs& in, int ith, int nth) {
         const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - r));
         for (int64_t t = 0; t < in.n_tokens; t += kTileTokens) {
             const int m = static_cast<int>(std::min<int64_t>(kTileTokens, in.n_tokens - t));
-            float g[kTileRows * kTileTokens], u[kTileRows * kTileTokens];
+            float g[kTileRows * kTileTokens] = {}, u[kTileRows * kTileTokens] = {};
             ER_DOT_TILE(gate, r, nr, t, m, g);
             ER_DOT_TILE(up, r, nr, t, m, u);
+            math_.silu_mul(g, u, nr * 4);
             for (int i = 0; i < nr; ++i)
-                for (int j = 0; j < m; ++j) row(gate.out, t + j)[r + i] = g[i * 4 + j] / (1.0f + std::exp(-g[i * 4 + j])) * u[i * 4 + j];
+                for (int j = 0; j < m; ++j) row(gate.out, t + j)[r + i] = g[i * 4 + j];
         }
     }
 }
@@ -331,11 +333,7 @@ void Executable::attention(const Op& op, const StepInputs& in, int ith, int nth)
         kv_fn_.scores(kv_.k(op.layer, 0) + head_offset, kv_.row_bytes, kv_.capacity, start, pos + 1, q, hd, scale, scores);
         float mx = -INFINITY;
         for (int64_t j = 0; j < n; ++j) mx = std::max(mx, scores[j]);
-        float sum = 0;
-        for (int64_t j = 0; j < n; ++j) {
-            scores[j] = std::exp(scores[j] - mx);
-            sum += scores[j];
-        }
+        const float sum = math_.exp_sum(scores, n, mx);
         const float inv = 1.0f / sum;
         for (int64_t j = 0; j < n; ++j) scores[j] *= inv;
         float* out = row(op.out, t) + h * hd;

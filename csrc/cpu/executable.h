@@ -75,6 +75,7 @@ private:
     size_t qrow_bytes_[3] = {};
     std::vector<float> scores_;  // per thread: one score per cache slot
     KvKernels kv_fn_{};
+    MathKernels math_{};
     std::vector<float> inv_freq_;
     std::vector<float> rope_cos_, rope_sin_;  // per token of the step × rope_dim/2, filled once per step
     std::vector<float> last_logits_;

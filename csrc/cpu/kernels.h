@@ -76,6 +76,17 @@ struct KvKernels {
 KvKernels kv_kernels(KvType type, Isa isa = best_isa());
 KvKernels kv_kernels_scalar(KvType type);
 
+// Elementwise math on float rows. Each element's result depends only on its input (the SIMD
+// versions run a vector's tail padded, never a scalar fallback), so a token's values do not
+// depend on how rows were grouped into tiles.
+//   silu_mul: g = g / (1 + e^-g) · u         exp_sum: x = e^(x - shift); returns Σ x
+struct MathKernels {
+    void (*silu_mul)(float* g, const float* u, int64_t n);
+    float (*exp_sum)(float* x, int64_t n, float shift);
+};
+MathKernels math_kernels(Isa isa = best_isa());
+MathKernels math_kernels_scalar();  // std::exp: the precise path
+
 // One token's K or V row (n values) into a cache slot, in the cache precision.
 void store_kv_row(KvType type, const float* x, uint8_t* slot, int64_t n);
 

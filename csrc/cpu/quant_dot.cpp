@@ -4,6 +4,7 @@
 // step (Q8_0 or Q8_K): integer sums per (sub-)block, one float multiply per block. Block
 // layouts: edgerunner/quant_blocks.h. Precise path: each weight block is decoded to float32
 // and dotted with float32 activations.
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -460,6 +461,19 @@ void store_kv_row(KvType type, const float* x, uint8_t* slot, int64_t n) {
         case KvType::Q8_0: quantize_row_q8_0(x, slot, n); return;
     }
 }
+
+namespace {
+void silu_mul_scalar(float* g, const float* u, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+float exp_sum_scalar(float* x, int64_t n, float shift) {
+    float sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - shift));
+    return sum;
+}
+}  // namespace
+
+MathKernels math_kernels_scalar() { return {silu_mul_scalar, exp_sum_scalar}; }
 
 KvKernels kv_kernels_scalar(KvType type) {
     switch (type) {

@@ -39,6 +39,23 @@ void bind_kernels(nb::module_& m) {
         return nb::bytes(out.data(), out.size());
     }, nb::arg("format"), nb::arg("x"), nb::arg("isa"),
        "Activations as the kernels see them (blocks, then the per-block sums), with the given kernel set.");
+    m.def("cpu_math", [](const std::string& fn, nb::ndarray<const float, nb::ndim<1>, nb::c_contig> x,
+                         nb::ndarray<const float, nb::ndim<1>, nb::c_contig> u, float shift, const std::string& isa) {
+        // The elementwise kernels: "silu_mul" returns silu(x) · u, "exp_sum" returns e^(x - shift)
+        // with its sum appended.
+        const cpu::MathKernels k = isa == "scalar" ? cpu::math_kernels_scalar() : cpu::math_kernels(cpu::parse_isa(isa.c_str()));
+        const size_t n = x.shape(0);
+        std::vector<float> y(x.data(), x.data() + n);
+        if (fn == "silu_mul") {
+            if (u.shape(0) != n) throw std::invalid_argument("x and u differ in length");
+            k.silu_mul(y.data(), u.data(), static_cast<int64_t>(n));
+        } else if (fn == "exp_sum") {
+            y.push_back(k.exp_sum(y.data(), static_cast<int64_t>(n), shift));
+        } else {
+            throw std::invalid_argument("unknown math kernel '" + fn + "' (silu_mul, exp_sum)");
+        }
+        return y;
+    }, nb::arg("fn"), nb::arg("x"), nb::arg("u"), nb::arg("shift"), nb::arg("isa"));
     m.def("cpu_dot", [](uint32_t type_id, nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig> row,
                         nb::ndarray<const float, nb::ndim<1>, nb::c_contig> x, const std::string& isa) {
         auto info = tensor_type_info(type_id);
