@@ -18,14 +18,6 @@ inline void split(int64_t n, int ith, int nth, int64_t* r0, int64_t* r1) {
     *r1 = n * (ith + 1) / nth;
 }
 
-// Weight rows in whole tiles per thread (the last thread takes the remainder).
-inline void split_rows(int64_t n, int ith, int nth, int64_t* r0, int64_t* r1) {
-    const int64_t tiles = (n + kTileRows - 1) / kTileRows;
-    split(tiles, ith, nth, r0, r1);
-    *r0 = std::min(*r0 * kTileRows, n);
-    *r1 = std::min(*r1 * kTileRows, n);
-}
-
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
     float ss = 0;
     for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
@@ -96,6 +88,7 @@ Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, Thread
         for (int k = 0; k < s.n_parts; ++k) writes |= s.parts[k].out == quantized;
         if (s.rope_kv) writes = quantized == Buf::Q || quantized == Buf::K;
         if (writes) quantized = Buf::Count;
+        s.index = static_cast<int>(steps_.size());
         steps_.push_back(s);
     }
     // The arena holds only the buffers the fused steps touch (gate+up+SiLU needs no UP rows).
@@ -111,6 +104,7 @@ Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, Thread
         if (used[b]) total += static_cast<size_t>(width_[b] * plan_.max_tokens);
     }
     arena_.assign(total, 0.0f);
+    next_chunk_.reset(new std::atomic<int64_t>[steps_.size()]);
     for (ActFormat f : {ActFormat::Q8_0, ActFormat::Q8_K}) {
         const int k = static_cast<int>(f);
         qrow_bytes_[k] = act_bytes(f, (widest + 255) / 256 * 256);
@@ -153,6 +147,7 @@ void Executable::run(const StepInputs& in) {
             rope_sin_[t * half + k] = std::sin(theta);
         }
     }
+    for (size_t i = 0; i < steps_.size(); ++i) next_chunk_[i].store(0, std::memory_order_relaxed);
     pool_.run([&](int ith, int nth) {
         for (const Step& s : steps_) {
             if (s.quantize) {
@@ -198,7 +193,7 @@ void Executable::exec(const Step& s, const StepInputs& in, int ith, int nth) {
             }
             return;
         }
-        case OpKind::MatMul: return s.glu ? glu(s, in, ith, nth) : matmul(s, in, ith, nth);
+        case OpKind::MatMul: return s.glu ? glu(s, in, nth) : matmul(s, in, nth);
         case OpKind::Rope: case OpKind::KvStore:
             // The llama recipe always emits rope(Q), rope(K), kv_store together; prepare fused them.
             return rope_kv(op.layer, in, ith, nth);
@@ -232,60 +227,72 @@ void Executable::exec(const Step& s, const StepInputs& in, int ith, int nth) {
         }                                                                                                   \
     } while (0)
 
-void Executable::matmul(const Step& s, const StepInputs& in, int ith, int nth) {
+// Weight rows are handed out in chunks of whole tiles from the step's counter, so a thread that
+// runs slower (a busy core, a preempted vCPU) takes fewer chunks instead of holding everyone at
+// the barrier. Decode takes several tiles per chunk (the work per tile is small), prefill one.
+template <typename Body>
+void Executable::for_row_chunks(const Step& s, int64_t rows, int64_t n_tokens, int nth, Body&& body) {
+    const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
+    const int64_t per = n_tokens > kTileTokens ? 1 : std::max<int64_t>(1, tiles / (8 * nth));
+    std::atomic<int64_t>& next = next_chunk_[s.index];
+    for (int64_t c = next.fetch_add(per, std::memory_order_relaxed); c < tiles; c = next.fetch_add(per, std::memory_order_relaxed))
+        body(c * kTileRows, std::min((c + per) * kTileRows, rows));
+}
+
+void Executable::matmul(const Step& s, const StepInputs& in, int nth) {
     const Op& op = s.op;
     const int64_t first = op.tail && !in.logits_out ? in.n_tokens - 1 : 0;
     int64_t total = 0;
     for (int k = 0; k < s.n_parts; ++k) total += s.parts[k].weight->rows;
-    int64_t g0, g1;
-    split_rows(total, ith, nth, &g0, &g1);
-    // Rows of the fused matrices are numbered one after another; this thread takes [g0, g1).
-    int64_t base = 0;
-    for (int k = 0; k < s.n_parts; ++k) {
-        const MatPart& p = s.parts[k];
-        const Weight& w = *p.weight;
-        const int64_t r0 = std::max<int64_t>(g0 - base, 0), r1 = std::min<int64_t>(g1 - base, w.rows);
-        base += w.rows;
-        const float* bias = p.bias ? reinterpret_cast<const float*>(p.bias->data) : nullptr;
-        const bool to_logits = p.out == Buf::LOGITS;
-        // Tiles of 8 rows × 4 tokens: each weight row is read from memory once per step.
-        for (int64_t r = r0; r < r1; r += kTileRows) {
-            const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - r));
-            for (int64_t t = first; t < in.n_tokens; t += kTileTokens) {
-                const int m = static_cast<int>(std::min<int64_t>(kTileTokens, in.n_tokens - t));
-                float v[kTileRows * kTileTokens];
-                ER_DOT_TILE(p, r, nr, t, m, v);
-                for (int i = 0; i < nr; ++i)
-                    for (int j = 0; j < m; ++j) {
-                        const float x = bias ? v[i * 4 + j] + bias[r + i] : v[i * 4 + j];
-                        float* y = to_logits ? (in.logits_out ? in.logits_out + (t + j) * c_.n_vocab : last_logits_.data())
-                                             : row(p.out, t + j);
-                        if (op.accumulate) y[r + i] += x;
-                        else y[r + i] = x;
-                    }
+    // Rows of the fused matrices are numbered one after another; a chunk is [g0, g1) of them.
+    for_row_chunks(s, total, in.n_tokens - first, nth, [&](int64_t g0, int64_t g1) {
+        int64_t base = 0;
+        for (int k = 0; k < s.n_parts; ++k) {
+            const MatPart& p = s.parts[k];
+            const Weight& w = *p.weight;
+            const int64_t r0 = std::max<int64_t>(g0 - base, 0), r1 = std::min<int64_t>(g1 - base, w.rows);
+            base += w.rows;
+            const float* bias = p.bias ? reinterpret_cast<const float*>(p.bias->data) : nullptr;
+            const bool to_logits = p.out == Buf::LOGITS;
+            // Tiles of 8 rows × 4 tokens: each weight row is read from memory once per step.
+            for (int64_t r = r0; r < r1; r += kTileRows) {
+                const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - r));
+                for (int64_t t = first; t < in.n_tokens; t += kTileTokens) {
+                    const int m = static_cast<int>(std::min<int64_t>(kTileTokens, in.n_tokens - t));
+                    float v[kTileRows * kTileTokens];
+                    ER_DOT_TILE(p, r, nr, t, m, v);
+                    for (int i = 0; i < nr; ++i)
+                        for (int j = 0; j < m; ++j) {
+                            const float x = bias ? v[i * 4 + j] + bias[r + i] : v[i * 4 + j];
+                            float* y = to_logits ? (in.logits_out ? in.logits_out + (t + j) * c_.n_vocab : last_logits_.data())
+                                                 : row(p.out, t + j);
+                            if (op.accumulate) y[r + i] += x;
+                            else y[r + i] = x;
+                        }
+                }
             }
         }
-    }
+    });
 }
 
-void Executable::glu(const Step& s, const StepInputs& in, int ith, int nth) {
+void Executable::glu(const Step& s, const StepInputs& in, int nth) {
     const Op& op = s.op;
     const MatPart& gate = s.parts[0];
     const MatPart& up = s.parts[1];
-    int64_t r0, r1;
-    split_rows(gate.weight->rows, ith, nth, &r0, &r1);
-    for (int64_t r = r0; r < r1; r += kTileRows) {
-        const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - r));
-        for (int64_t t = 0; t < in.n_tokens; t += kTileTokens) {
-            const int m = static_cast<int>(std::min<int64_t>(kTileTokens, in.n_tokens - t));
-            float g[kTileRows * kTileTokens] = {}, u[kTileRows * kTileTokens] = {};
-            ER_DOT_TILE(gate, r, nr, t, m, g);
-            ER_DOT_TILE(up, r, nr, t, m, u);
-            math_.silu_mul(g, u, nr * 4);
-            for (int i = 0; i < nr; ++i)
-                for (int j = 0; j < m; ++j) row(gate.out, t + j)[r + i] = g[i * 4 + j];
+    for_row_chunks(s, gate.weight->rows, in.n_tokens, nth, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; r += kTileRows) {
+            const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - r));
+            for (int64_t t = 0; t < in.n_tokens; t += kTileTokens) {
+                const int m = static_cast<int>(std::min<int64_t>(kTileTokens, in.n_tokens - t));
+                float g[kTileRows * kTileTokens] = {}, u[kTileRows * kTileTokens] = {};
+                ER_DOT_TILE(gate, r, nr, t, m, g);
+                ER_DOT_TILE(up, r, nr, t, m, u);
+                math_.silu_mul(g, u, nr * 4);
+                for (int i = 0; i < nr; ++i)
+                    for (int j = 0; j < m; ++j) row(gate.out, t + j)[r + i] = g[i * 4 + j];
+            }
         }
-    }
+    });
 }
 #undef ER_DOT_TILE
 

@@ -2,7 +2,9 @@
 // laid out, RoPE tables computed, all at load. run() executes one step with no allocation.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "../core/kv_cache.h"
@@ -51,11 +53,14 @@ private:
         bool rope_kv = false;     // rope Q and K in place, then store K and V
         unsigned quantize = 0;    // formats (1 << ActFormat) to quantize op.in into before the step
         unsigned norm_quantize = 0;  // RmsNorm: formats to quantize each output row into
+        int index = 0;            // position in steps_ (its chunk counter)
     };
 
     void exec(const Step& s, const StepInputs& in, int ith, int nth);
-    void matmul(const Step& s, const StepInputs& in, int ith, int nth);
-    void glu(const Step& s, const StepInputs& in, int ith, int nth);
+    void matmul(const Step& s, const StepInputs& in, int nth);
+    void glu(const Step& s, const StepInputs& in, int nth);
+    template <typename Body>
+    void for_row_chunks(const Step& s, int64_t rows, int64_t n_tokens, int nth, Body&& body);
     void attention(const Op& op, const StepInputs& in, int ith, int nth);
     void rope_kv(int32_t layer, const StepInputs& in, int ith, int nth);
     void quantize_rows(Buf b, unsigned formats, int64_t t0, int64_t t1, int64_t width);
@@ -68,6 +73,7 @@ private:
     ThreadPool& pool_;
     bool precise_;
     std::vector<Step> steps_;
+    std::unique_ptr<std::atomic<int64_t>[]> next_chunk_;  // per step: the next tile to hand out
     size_t offset_[kBufCount] = {};
     int64_t width_[kBufCount] = {};
     std::vector<float> arena_;
