@@ -147,6 +147,8 @@ QuantizeFn quantize_fn(ActFormat format, Isa isa) {
     return nullptr;
 }
 
+int tile_rows(Isa isa) { return isa == Isa::Avx512 ? 16 : 8; }
+
 MathKernels math_kernels(Isa isa) {
 #if defined(ER_HAVE_X86_KERNELS)
     if (isa == Isa::Avx512) return avx512::math_kernels();

@@ -591,13 +591,71 @@ inline __m256i block_dot(const __m256i op[8], const int8_t* a) {
     return s;
 }
 
+#if defined(__AVX512F__)
+// The same for 16 rows in 512-bit vectors (the avx512 kernel set): 128-bit chunk c of vector k
+// holds bytes 4k..4k+3 of rows 4c..4c+3, so lane i is row i.
+inline void transpose_16x16(const uint8_t* const row[16], size_t off, __m512i y[4]) {
+    __m512i z[4];
+    for (int i = 0; i < 4; ++i) {
+        const auto ld = [&](int r) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[r] + off)); };
+        z[i] = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(ld(i)), ld(i + 4), 1), ld(i + 8), 2),
+                                  ld(i + 12), 3);
+    }
+    const __m512i a = _mm512_unpacklo_epi32(z[0], z[1]), b = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i c = _mm512_unpacklo_epi32(z[2], z[3]), d = _mm512_unpackhi_epi32(z[2], z[3]);
+    y[0] = _mm512_unpacklo_epi64(a, c);
+    y[1] = _mm512_unpackhi_epi64(a, c);
+    y[2] = _mm512_unpacklo_epi64(b, d);
+    y[3] = _mm512_unpackhi_epi64(b, d);
+}
+
+inline void nibble_operands(const uint8_t* const row[16], size_t qs_off, __m512i op[8]) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512i y[4];
+    transpose_16x16(row, qs_off, y);
+    for (int g = 0; g < 4; ++g) {
+        op[g] = _mm512_and_si512(y[g], low4);
+        op[g + 4] = _mm512_and_si512(_mm512_srli_epi16(y[g], 4), low4);
+    }
+}
+
+inline void add_fifth_bits(const uint8_t* const row[16], size_t qh_off, __m512i op[8]) {
+    alignas(64) uint32_t h[16];
+    for (int i = 0; i < 16; ++i) std::memcpy(&h[i], row[i] + qh_off, 4);
+    const __m512i qh = _mm512_load_si512(h);
+    const __m512i spread = _mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0x00000000);
+    const __m512i bit = _mm512_set1_epi32(0x08040201);
+    for (int g = 0; g < 8; ++g) {
+        const __mmask64 set = _mm512_test_epi8_mask(_mm512_shuffle_epi8(_mm512_srli_epi32(qh, 4 * g), spread), bit);
+        op[g] = _mm512_mask_or_epi32(op[g], 0xFFFF, op[g], _mm512_maskz_mov_epi8(set, _mm512_set1_epi8(0x10)));
+    }
+}
+
+inline __m512 gather_half16(const uint8_t* const row[16], size_t off) {
+    alignas(32) uint16_t h[16];
+    for (int i = 0; i < 16; ++i) std::memcpy(&h[i], row[i] + off, 2);
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h)));
+}
+
+inline __m512i block_dot(const __m512i op[8], const int8_t* a) {
+    __m512i s = _mm512_setzero_si512();
+    for (int g = 0; g < 8; ++g) {
+        uint32_t v;
+        std::memcpy(&v, a + 4 * g, 4);
+        s = _mm512_dpbusd_epi32(s, op[g], _mm512_set1_epi32(static_cast<int>(v)));
+    }
+    return s;
+}
+#endif
+
 // Per format: its 8 unsigned operands for a block of 8 rows, the integer offset subtracted per
 // element (× the activations' int sum), and whether a float minimum m is added.
 struct Q4_0 {
     using Block = block_q4_0;
     static constexpr int kOffset = 8;
     static constexpr bool kMin = false;
-    static void operands(const uint8_t* const row[8], size_t off, __m256i op[8]) {
+    template <int R, typename V>
+    static void operands(const uint8_t* const (&row)[R], size_t off, V op[8]) {
         nibble_operands(row, off + offsetof(Block, qs), op);
     }
 };
@@ -605,7 +663,8 @@ struct Q4_1 {
     using Block = block_q4_1;
     static constexpr int kOffset = 0;
     static constexpr bool kMin = true;
-    static void operands(const uint8_t* const row[8], size_t off, __m256i op[8]) {
+    template <int R, typename V>
+    static void operands(const uint8_t* const (&row)[R], size_t off, V op[8]) {
         nibble_operands(row, off + offsetof(Block, qs), op);
     }
 };
@@ -613,7 +672,8 @@ struct Q5_0 {
     using Block = block_q5_0;
     static constexpr int kOffset = 16;
     static constexpr bool kMin = false;
-    static void operands(const uint8_t* const row[8], size_t off, __m256i op[8]) {
+    template <int R, typename V>
+    static void operands(const uint8_t* const (&row)[R], size_t off, V op[8]) {
         nibble_operands(row, off + offsetof(Block, qs), op);
         add_fifth_bits(row, off + offsetof(Block, qh), op);
     }
@@ -622,7 +682,8 @@ struct Q5_1 {
     using Block = block_q5_1;
     static constexpr int kOffset = 0;
     static constexpr bool kMin = true;
-    static void operands(const uint8_t* const row[8], size_t off, __m256i op[8]) {
+    template <int R, typename V>
+    static void operands(const uint8_t* const (&row)[R], size_t off, V op[8]) {
         nibble_operands(row, off + offsetof(Block, qs), op);
         add_fifth_bits(row, off + offsetof(Block, qh), op);
     }
@@ -634,7 +695,7 @@ struct Q8_0 {
     using Block = block_q8_0;
     static constexpr int kOffset = 128;
     static constexpr bool kMin = false;
-    static void operands(const uint8_t* const row[8], size_t off, __m256i op[8]) {
+    static void operands(const uint8_t* const (&row)[8], size_t off, __m256i op[8]) {
         __m256i lo[4], hi[4];
         transpose_8x16(row, off + offsetof(Block, qs), lo);
         transpose_8x16(row, off + offsetof(Block, qs) + 16, hi);
@@ -646,6 +707,17 @@ struct Q8_0 {
         for (int g = 0; g < 8; ++g) op[g] = _mm256_xor_si256(op[g], _mm256_set1_epi8(static_cast<char>(0x80)));
 #endif
     }
+#if defined(__AVX512F__)
+    static void operands(const uint8_t* const (&row)[16], size_t off, __m512i op[8]) {
+        __m512i lo[4], hi[4];
+        transpose_16x16(row, off + offsetof(Block, qs), lo);
+        transpose_16x16(row, off + offsetof(Block, qs) + 16, hi);
+        for (int g = 0; g < 4; ++g) {
+            op[g] = _mm512_xor_si512(lo[g], _mm512_set1_epi8(static_cast<char>(0x80)));
+            op[g + 4] = _mm512_xor_si512(hi[g], _mm512_set1_epi8(static_cast<char>(0x80)));
+        }
+    }
+#endif
 };
 
 template <typename F>
@@ -704,12 +776,63 @@ void tile_32(const uint8_t* w, size_t w_stride, int n_rows, const uint8_t* x, si
     }
 }
 
+#if defined(__AVX512F__)
+// tile_32 on 16 rows in 512-bit vectors: the same per-lane arithmetic, twice the rows per
+// broadcast activation word.
+template <typename F, int T>
+void tile_32x16(const uint8_t* w, size_t w_stride, int n_rows, const uint8_t* x, size_t x_stride, int64_t nb, float* out) {
+    using Block = typename F::Block;
+    const uint8_t* row[16];
+    for (int i = 0; i < 16; ++i) row[i] = w + static_cast<size_t>(i < n_rows ? i : n_rows - 1) * w_stride;
+    const block_q8_0* a[T];
+    const float* fsum[T];
+    const int32_t* isum[T];
+    __m512 acc[T];
+    for (int k = 0; k < T; ++k) {
+        a[k] = reinterpret_cast<const block_q8_0*>(x + k * x_stride);
+        fsum[k] = q8_0_sums(a[k], nb);
+        isum[k] = reinterpret_cast<const int32_t*>(fsum[k] + nb);
+        acc[k] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        const size_t off = static_cast<size_t>(b) * sizeof(Block);
+        __m512i op[8];
+        F::operands(row, off, op);
+        const __m512 d = gather_half16(row, off + offsetof(Block, d));
+        __m512 m = _mm512_setzero_ps();
+        if constexpr (F::kMin) m = gather_half16(row, off + offsetof(Block, m));
+        for (int k = 0; k < T; ++k) {
+            __m512i s = block_dot(op, a[k][b].qs);
+            if constexpr (F::kOffset != 0) s = _mm512_sub_epi32(s, _mm512_set1_epi32(F::kOffset * isum[k][b]));
+            __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(h2f(a[k][b].d))));
+            if constexpr (F::kMin) t = _mm512_add_ps(t, _mm512_mul_ps(m, _mm512_set1_ps(fsum[k][b])));
+            acc[k] = _mm512_add_ps(acc[k], t);
+        }
+    }
+    for (int k = 0; k < T; ++k) {
+        alignas(64) float v[16];
+        _mm512_store_ps(v, acc[k]);
+        for (int i = 0; i < n_rows; ++i) out[i * 4 + k] = v[i];
+    }
+}
+#endif
+
 template <typename F>
 void dot_rows_32(const void* w, size_t w_stride, int n_rows, const void* x, size_t x_stride, int n_tok, int64_t n,
                  float* out) {
     const auto* wp = static_cast<const uint8_t*>(w);
     const auto* xp = static_cast<const uint8_t*>(x);
     const int64_t nb = n / QK8_0;
+#if defined(__AVX512F__)
+    if (n_rows > 8) {
+        switch (n_tok) {
+            case 1: return tile_32x16<F, 1>(wp, w_stride, n_rows, xp, x_stride, nb, out);
+            case 2: return tile_32x16<F, 2>(wp, w_stride, n_rows, xp, x_stride, nb, out);
+            case 3: return tile_32x16<F, 3>(wp, w_stride, n_rows, xp, x_stride, nb, out);
+            default: return tile_32x16<F, 4>(wp, w_stride, n_rows, xp, x_stride, nb, out);
+        }
+    }
+#endif
     switch (n_tok) {
         case 1: return tile_32<F, 1>(wp, w_stride, n_rows, xp, x_stride, nb, out);
         case 2: return tile_32<F, 2>(wp, w_stride, n_rows, xp, x_stride, nb, out);
@@ -923,6 +1046,10 @@ void dot_rows_k(const void* w, size_t w_stride, int n_rows, const void* x, size_
                 float* out) {
     const auto* wp = static_cast<const uint8_t*>(w);
     const auto* xp = static_cast<const uint8_t*>(x);
+    if (n_rows > 8) {  // the avx512 set's 16-row tiles: two 8-row halves
+        dot_rows_k<K>(w, w_stride, 8, x, x_stride, n_tok, n, out);
+        return dot_rows_k<K>(wp + 8 * w_stride, w_stride, n_rows - 8, x, x_stride, n_tok, n, out + 8 * 4);
+    }
     switch (n_tok) {
         case 1: return K::template run<1>(wp, w_stride, n_rows, xp, x_stride, n / QK_K, out);
         case 2: return K::template run<2>(wp, w_stride, n_rows, xp, x_stride, n / QK_K, out);

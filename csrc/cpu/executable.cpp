@@ -113,6 +113,7 @@ Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, Thread
     scores_.assign(static_cast<size_t>(pool_.size() * kv_.capacity), 0.0f);
     kv_fn_ = precise_ ? kv_kernels_scalar(kv_.type) : kv_kernels(kv_.type);
     math_ = precise_ ? math_kernels_scalar() : math_kernels();
+    tile_rows_ = precise_ ? 8 : tile_rows();
 
     // RoPE inverse frequencies, computed as Hugging Face does (float32 pow), then divided by
     // the per-pair factors of rope_freqs when the model has them.
@@ -209,7 +210,7 @@ void Executable::exec(const Step& s, const StepInputs& in, int ith, int nth) {
     }
 }
 
-// dot(weight rows [r, r + nr) of part p, tokens [t, t + m)) into v[row * 4 + token]; nr ≤ 8, m ≤ 4.
+// dot(weight rows [r, r + nr) of part p, tokens [t, t + m)) into v[row * 4 + token]; nr ≤ 16, m ≤ 4.
 #define ER_DOT_TILE(p, r, nr, t, m, v)                                                                      \
     do {                                                                                                    \
         const Weight& w_ = *(p).weight;                                                                     \
@@ -232,11 +233,11 @@ void Executable::exec(const Step& s, const StepInputs& in, int ith, int nth) {
 // the barrier. Decode takes several tiles per chunk (the work per tile is small), prefill one.
 template <typename Body>
 void Executable::for_row_chunks(const Step& s, int64_t rows, int64_t n_tokens, int nth, Body&& body) {
-    const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
+    const int64_t tiles = (rows + tile_rows_ - 1) / tile_rows_;
     const int64_t per = n_tokens > kTileTokens ? 1 : std::max<int64_t>(1, tiles / (8 * nth));
     std::atomic<int64_t>& next = next_chunk_[s.index];
     for (int64_t c = next.fetch_add(per, std::memory_order_relaxed); c < tiles; c = next.fetch_add(per, std::memory_order_relaxed))
-        body(c * kTileRows, std::min((c + per) * kTileRows, rows));
+        body(c * tile_rows_, std::min((c + per) * tile_rows_, rows));
 }
 
 void Executable::matmul(const Step& s, const StepInputs& in, int nth) {
@@ -254,12 +255,12 @@ void Executable::matmul(const Step& s, const StepInputs& in, int nth) {
             base += w.rows;
             const float* bias = p.bias ? reinterpret_cast<const float*>(p.bias->data) : nullptr;
             const bool to_logits = p.out == Buf::LOGITS;
-            // Tiles of 8 rows × 4 tokens: each weight row is read from memory once per step.
-            for (int64_t r = r0; r < r1; r += kTileRows) {
-                const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - r));
+            // Tiles of 8 or 16 rows × 4 tokens: each weight row is read from memory once per step.
+            for (int64_t r = r0; r < r1; r += tile_rows_) {
+                const int nr = static_cast<int>(std::min<int64_t>(tile_rows_, r1 - r));
                 for (int64_t t = first; t < in.n_tokens; t += kTileTokens) {
                     const int m = static_cast<int>(std::min<int64_t>(kTileTokens, in.n_tokens - t));
-                    float v[kTileRows * kTileTokens];
+                    float v[kMaxTileRows * kTileTokens];
                     ER_DOT_TILE(p, r, nr, t, m, v);
                     for (int i = 0; i < nr; ++i)
                         for (int j = 0; j < m; ++j) {
@@ -280,11 +281,11 @@ void Executable::glu(const Step& s, const StepInputs& in, int nth) {
     const MatPart& gate = s.parts[0];
     const MatPart& up = s.parts[1];
     for_row_chunks(s, gate.weight->rows, in.n_tokens, nth, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; r += kTileRows) {
-            const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - r));
+        for (int64_t r = r0; r < r1; r += tile_rows_) {
+            const int nr = static_cast<int>(std::min<int64_t>(tile_rows_, r1 - r));
             for (int64_t t = 0; t < in.n_tokens; t += kTileTokens) {
                 const int m = static_cast<int>(std::min<int64_t>(kTileTokens, in.n_tokens - t));
-                float g[kTileRows * kTileTokens] = {}, u[kTileRows * kTileTokens] = {};
+                float g[kMaxTileRows * kTileTokens] = {}, u[kMaxTileRows * kTileTokens] = {};
                 ER_DOT_TILE(gate, r, nr, t, m, g);
                 ER_DOT_TILE(up, r, nr, t, m, u);
                 math_.silu_mul(g, u, nr * 4);

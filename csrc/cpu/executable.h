@@ -74,6 +74,7 @@ private:
     bool precise_;
     std::vector<Step> steps_;
     std::unique_ptr<std::atomic<int64_t>[]> next_chunk_;  // per step: the next tile to hand out
+    int tile_rows_ = 8;                                    // weight rows per tile (the kernel set's)
     size_t offset_[kBufCount] = {};
     int64_t width_[kBufCount] = {};
     std::vector<float> arena_;

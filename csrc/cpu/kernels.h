@@ -52,11 +52,13 @@ DotFn dot_float_fn(TensorType type);                          // precise: dequan
 DotFn dot_quant_fn(TensorType type, Isa isa = best_isa());    // fast: the weight's activation format
 DotFn dot_quant_fn_scalar(TensorType type);                   // the reference the SIMD kernels equal
 
-// A tile: n_rows (1-8) weight rows, w_stride bytes apart, against n_tok (1-4) activation rows,
-// x_stride bytes apart: out[row * 4 + token]. Decode runs it with one token, prefill with four.
-// Per (row, token) the same arithmetic, in the same order, as the single-token DotFn, whatever
-// the tile's shape. Null where a type has no tile kernel (the caller then loops the DotFn).
-constexpr int kTileRows = 8, kTileTokens = 4;
+// A tile: n_rows (1 to tile_rows(isa)) weight rows, w_stride bytes apart, against n_tok (1-4)
+// activation rows, x_stride bytes apart: out[row * 4 + token]. Decode runs it with one token,
+// prefill with four. Per (row, token) the same arithmetic, in the same order, as the
+// single-token DotFn, whatever the tile's shape. Null where a type has no tile kernel (the
+// caller then loops the DotFn).
+constexpr int kMaxTileRows = 16, kTileTokens = 4;
+int tile_rows(Isa isa = best_isa());  // 16 with 512-bit vectors, else 8
 using DotRowsFn = void (*)(const void* w, size_t w_stride, int n_rows, const void* x, size_t x_stride, int n_tok,
                            int64_t n, float* out);
 DotRowsFn dot_rows_fn(TensorType type, Isa isa = best_isa());

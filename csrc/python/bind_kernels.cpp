@@ -119,17 +119,18 @@ static nb::object cpu_dot_tile(uint32_t type_id, nb::ndarray<const uint8_t, nb::
     if (!info || !info->dequantize) throw std::invalid_argument("no kernel for tensor type id " + std::to_string(type_id));
     const int n_rows = static_cast<int>(rows.shape(0)), n_tok = static_cast<int>(x.shape(0));
     const int64_t n = static_cast<int64_t>(x.shape(1));
-    if (n_rows < 1 || n_rows > cpu::kTileRows || n_tok < 1 || n_tok > cpu::kTileTokens)
-        throw std::invalid_argument("a tile is 1-8 rows × 1-4 tokens");
+    const cpu::Isa set = cpu::parse_isa(isa.c_str());
+    if (n_rows < 1 || n_rows > cpu::tile_rows(set) || n_tok < 1 || n_tok > cpu::kTileTokens)
+        throw std::invalid_argument("a tile is 1-" + std::to_string(cpu::tile_rows(set)) + " rows × 1-4 tokens with " + isa);
     if (n % info->block_size != 0 || rows.shape(1) != static_cast<size_t>(n / info->block_size * info->type_size))
         throw std::invalid_argument("rows and x sizes do not match the type's blocks");
-    cpu::DotRowsFn fn = cpu::dot_rows_fn(info->type, cpu::parse_isa(isa.c_str()));
+    cpu::DotRowsFn fn = cpu::dot_rows_fn(info->type, set);
     if (!fn) return nb::none();
     const cpu::ActFormat format = cpu::act_format_for(info->type);
     const size_t qbytes = cpu::act_bytes(format, n);
     std::vector<uint8_t> q(qbytes * n_tok);
     for (int t = 0; t < n_tok; ++t) cpu::quantize_act(format, x.data() + t * n, q.data() + t * qbytes, n);
-    float out[cpu::kTileRows * cpu::kTileTokens];
+    float out[cpu::kMaxTileRows * cpu::kTileTokens];
     fn(rows.data(), rows.shape(1), n_rows, q.data(), qbytes, n_tok, n, out);
     nb::list result;
     for (int i = 0; i < n_rows; ++i) {
@@ -179,14 +180,15 @@ void bind_bandwidth(nb::module_& m) {
         cpu::DotFn fn = isa == "scalar" ? cpu::dot_quant_fn_scalar(info->type) : cpu::dot_quant_fn(info->type, cpu::parse_isa(isa.c_str()));
         // As a decode step runs it: 8-row tiles against one token where the type has them.
         cpu::DotRowsFn tile = isa == "scalar" ? nullptr : cpu::dot_rows_fn(info->type, cpu::parse_isa(isa.c_str()));
+        const size_t tile_rows = isa == "scalar" ? 1 : static_cast<size_t>(cpu::tile_rows(cpu::parse_isa(isa.c_str())));
         const size_t n_rows = rows.shape(0), row_bytes = rows.shape(1);
         float* y = new float[n_rows];
         {
             nb::gil_scoped_release release;
             for (size_t r = 0; r < n_rows;) {
                 if (tile) {
-                    const int nr = static_cast<int>(std::min<size_t>(cpu::kTileRows, n_rows - r));
-                    float out[cpu::kTileRows * cpu::kTileTokens];
+                    const int nr = static_cast<int>(std::min(tile_rows, n_rows - r));
+                    float out[cpu::kMaxTileRows * cpu::kTileTokens];
                     tile(rows.data() + r * row_bytes, row_bytes, nr, q.data(), 0, 1, n, out);
                     for (int i = 0; i < nr; ++i) y[r + i] = out[i * cpu::kTileTokens];
                     r += static_cast<size_t>(nr);
