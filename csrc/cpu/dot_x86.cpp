@@ -380,8 +380,9 @@ float exp_sum(float* x, int64_t n, float shift) {
     return hsum(sum);
 }
 
-// f32 / f16 caches: four positions per pass. Scores: four dot products side by side, reduced
-// together; values: the output row stays in registers across the four rows it accumulates.
+// f32 / f16 caches. Scores: eight positions per pass, eight independent dot products reduced
+// together; values: 64 output columns stay in registers across all positions (one pass over
+// each V row).
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
@@ -392,24 +393,24 @@ void kv_scores_x4(const uint8_t* base, size_t slot_bytes, int64_t capacity, int6
     const auto at = [&](int64_t s) { return reinterpret_cast<const E*>(base + static_cast<size_t>(s) * slot_bytes); };
     int64_t slot = start % capacity;
     for (int64_t p = start; p < end;) {
-        if (p + 4 <= end && slot + 4 <= capacity) {  // four slots in a row
-            const E* k0 = at(slot);
-            const E* k1 = at(slot + 1);
-            const E* k2 = at(slot + 2);
-            const E* k3 = at(slot + 3);
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        if (p + 8 <= end && slot + 8 <= capacity) {  // eight slots in a row: eight independent sums
+            const E* k[8];
+            __m256 a[8];
+            for (int j = 0; j < 8; ++j) {
+                k[j] = at(slot + j);
+                a[j] = _mm256_setzero_ps();
+            }
             for (int64_t i = 0; i < n; i += 8) {
                 const __m256 qv = _mm256_loadu_ps(q + i);
-                a0 = _mm256_fmadd_ps(load8(k0 + i), qv, a0);
-                a1 = _mm256_fmadd_ps(load8(k1 + i), qv, a1);
-                a2 = _mm256_fmadd_ps(load8(k2 + i), qv, a2);
-                a3 = _mm256_fmadd_ps(load8(k3 + i), qv, a3);
+                for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(load8(k[j] + i), qv, a[j]);
             }
-            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-            const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-            _mm_storeu_ps(out + (p - start), _mm_mul_ps(sum, _mm_set1_ps(scale)));
-            p += 4;
-            slot += 4;
+            for (int h = 0; h < 2; ++h) {
+                const __m256 r = _mm256_hadd_ps(_mm256_hadd_ps(a[4 * h], a[4 * h + 1]), _mm256_hadd_ps(a[4 * h + 2], a[4 * h + 3]));
+                const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+                _mm_storeu_ps(out + (p - start) + 4 * h, _mm_mul_ps(sum, _mm_set1_ps(scale)));
+            }
+            p += 8;
+            slot += 8;
         } else {  // the last few positions, or the ones at the ring's end
             const E* k = at(slot);
             __m256 acc = _mm256_setzero_ps();
@@ -427,19 +428,27 @@ void kv_values_x4(const uint8_t* base, size_t slot_bytes, int64_t capacity, int6
                   int64_t n, float* out) {
     if (n % 8 != 0) return kv_values_loop<std::is_same_v<E, float> ? kv_axpy_f32 : kv_axpy_f16>(base, slot_bytes, capacity, start, end, w, n, out);
     const auto at = [&](int64_t s) { return reinterpret_cast<const E*>(base + static_cast<size_t>(s) * slot_bytes); };
-    for (int64_t i = 0; i < n; i += 32) {  // 32 output columns in registers, all positions
-        const int cols = static_cast<int>(std::min<int64_t>(32, n - i)) / 8;
-        __m256 acc[4];
-        for (int c = 0; c < 4; ++c) acc[c] = c < cols ? _mm256_loadu_ps(out + i + 8 * c) : _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {  // 64 output columns (a whole 64-wide head) in registers
+        __m256 a[8];
+        for (int c = 0; c < 8; ++c) a[c] = _mm256_loadu_ps(out + i + 8 * c);
         int64_t slot = start % capacity;
         for (int64_t p = start; p < end; ++p) {
             const E* v = at(slot) + i;
             const __m256 wv = _mm256_set1_ps(w[p - start]);
-            for (int c = 0; c < 4; ++c)
-                if (c < cols) acc[c] = _mm256_fmadd_ps(wv, load8(v + 8 * c), acc[c]);
+            for (int c = 0; c < 8; ++c) a[c] = _mm256_fmadd_ps(wv, load8(v + 8 * c), a[c]);
             if (++slot == capacity) slot = 0;
         }
-        for (int c = 0; c < cols; ++c) _mm256_storeu_ps(out + i + 8 * c, acc[c]);
+        for (int c = 0; c < 8; ++c) _mm256_storeu_ps(out + i + 8 * c, a[c]);
+    }
+    for (; i < n; i += 8) {  // the columns past the last multiple of 64
+        __m256 a = _mm256_loadu_ps(out + i);
+        int64_t slot = start % capacity;
+        for (int64_t p = start; p < end; ++p) {
+            a = _mm256_fmadd_ps(_mm256_set1_ps(w[p - start]), load8(at(slot) + i), a);
+            if (++slot == capacity) slot = 0;
+        }
+        _mm256_storeu_ps(out + i, a);
     }
 }
 

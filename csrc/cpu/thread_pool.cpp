@@ -10,7 +10,19 @@
 namespace edgerunner::cpu {
 namespace {
 constexpr int kSpins = 1 << 16;  // ~ tens of microseconds of spinning before sleeping
-}
+
+// Flush subnormals (FTZ, bit 15) and read them as zero (DAZ, bit 6) while in scope.
+class FlushSubnormals {
+public:
+#if defined(__x86_64__) || defined(__i386__)
+    FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
+    ~FlushSubnormals() { _mm_setcsr(saved_); }
+
+private:
+    unsigned saved_;
+#endif
+};
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
     for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
@@ -28,6 +40,7 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::run(const std::function<void(int, int)>& fn) {
     if (n_threads_ == 1) {
+        FlushSubnormals flush;
         fn(0, 1);
         return;
     }
@@ -38,6 +51,7 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
         generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
+    FlushSubnormals flush;
     fn(0, n_threads_);
     while (pending_.load(std::memory_order_acquire) != 0) ER_PAUSE();
     job_ = nullptr;
@@ -59,6 +73,7 @@ void ThreadPool::barrier() {
 }
 
 void ThreadPool::worker(int ith) {
+    FlushSubnormals flush;  // for the thread's life
     uint64_t seen = 0;
     for (;;) {
         int spins = 0;
