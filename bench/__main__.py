@@ -7,6 +7,8 @@ MODEL is a .gguf path or a built-in name. Each figure is the mean ± standard de
 --reps repetitions after one warm-up. With --peer, llama.cpp's llama-bench runs on the same
 file in the same run and the table shows ours / peer. Decode is also shown as a share of the
 read-bandwidth roofline: weight bytes read per token / this machine's measured bandwidth.
+Memory is the process's resident set after load and a 16-token warm-up (weights, KV cache,
+scratch for --chunk tokens) against the file size plus the KV cache.
 """
 
 from __future__ import annotations
@@ -80,7 +82,9 @@ def bench_ours(path: str, args: argparse.Namespace) -> dict[str, Any]:
         dt = time.perf_counter() - t0
         if rep:
             tg.append(args.tg / dt)
-    return {"pp": stats(pp), "tg": stats(tg), "rss_after_load": rss_loaded, "isa": _core.cpu_isa()}
+    c = model.config
+    kv_bytes = c["n_layer"] * 2 * model.n_ctx * c["n_head_kv"] * c["head_dim"] * {"f32": 4, "f16": 2, "q8_0": 34 / 32}[args.kv_type]
+    return {"pp": stats(pp), "tg": stats(tg), "rss_after_load": rss_loaded, "kv_bytes": kv_bytes, "isa": _core.cpu_isa()}
 
 
 def bench_peer(peer: str, path: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -118,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
                               "read_bandwidth_gbs": bandwidth, "pp": args.pp, "tg": args.tg, "models": []}
     print(f"read bandwidth ({args.threads} threads): {bandwidth:.1f} GB/s; kernels: {_core.cpu_isa()}\n")
-    print(f"| model | ours pp{args.pp} tok/s | ours tg{args.tg} tok/s | roofline % |"
+    print(f"| model | ours pp{args.pp} tok/s | ours tg{args.tg} tok/s | roofline % | RSS / (file + KV) |"
           + (f" peer pp{args.pp} | peer tg{args.tg} | pp ratio | tg ratio |" if args.peer else ""))
-    print("| --- | --- | --- | --- |" + (" --- | --- | --- | --- |" if args.peer else ""))
+    print("| --- | --- | --- | --- | --- |" + (" --- | --- | --- | --- |" if args.peer else ""))
     for source in args.models:
         path = str(builtin_models.resolve(source))
         f = gguf.open(path)
@@ -129,8 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         roofline = bandwidth * 1e9 / per_token
         row: dict[str, Any] = {"model": os.path.basename(path), "file_size": f.file_size,
                                "weight_bytes_per_token": per_token, "roofline_tok_s": roofline, "ours": ours}
+        memory = ours["rss_after_load"] / (f.file_size + ours["kv_bytes"])
         line = (f"| {row['model']} | {fmt(ours['pp'])} | {fmt(ours['tg'])} | "
-                f"{100 * ours['tg']['mean'] / roofline:.0f} % of {roofline:.0f} |")
+                f"{100 * ours['tg']['mean'] / roofline:.0f} % of {roofline:.0f} | "
+                f"{ours['rss_after_load'] / 2**20:.0f} MiB ({memory:.2f} ×) |")
         if args.peer:
             peer = bench_peer(args.peer, path, args)
             row["peer"] = peer
