@@ -42,7 +42,8 @@ Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, Thread
     unsigned quantized_formats = 0;
     int64_t widest = 0;
     for (size_t i = 0; i < ops.size(); ++i) {
-        Step s{ops[i]};
+        Step s{};
+        s.op = ops[i];
         const Op& op = ops[i];
         if (op.kind == OpKind::MatMul) {
             auto add_part = [&](const Op& o) {

@@ -9,6 +9,7 @@ void bind_sampler(nb::module_& m);
 void bind_engine(nb::module_& m);
 void bind_kernels(nb::module_& m);
 void bind_bandwidth(nb::module_& m);
+void bind_cuda(nb::module_& m);
 
 NB_MODULE(_core, m) {
     m.doc() = "edgerunner native core";
@@ -18,4 +19,5 @@ NB_MODULE(_core, m) {
     bind_engine(m);
     bind_kernels(m);
     bind_bandwidth(m);
+    bind_cuda(m);
 }

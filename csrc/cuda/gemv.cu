@@ -1,0 +1,124 @@
+// Quantized matrix-vector products: one warp per weight row, lanes striding over the row's
+// 32-element units (quant_unit.cuh), a shuffle reduction, one store (or add, for the residual).
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "check.cuh"
+#include "cuda.h"
+#include "gemv.cuh"
+#include "quant_unit.cuh"
+
+namespace edgerunner::cuda {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
+    return v;
+}
+
+template <TensorType T>
+__global__ void gemv_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t cols,
+                            const float* __restrict__ x, const float* __restrict__ bias, float* __restrict__ y,
+                            bool accumulate) {
+    const int lane = threadIdx.x % 32;
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= rows) return;
+    const uint8_t* r = w + static_cast<size_t>(row) * row_bytes;
+    float sum = 0.0f;
+    for (int64_t u = lane; u < cols / 32; u += 32) sum += Unit<T>::dot(r, u, x + 32 * u);
+    sum = warp_sum(sum);
+    if (lane == 0) {
+        if (bias) sum += bias[row];
+        y[row] = accumulate ? y[row] + sum : sum;
+    }
+}
+
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+
+template <TensorType T>
+void launch(const GemvArgs& a, cudaStream_t stream) {
+    const unsigned blocks = static_cast<unsigned>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+    gemv_kernel<T><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(a.w, a.row_bytes, a.rows, a.cols, a.x, a.bias, a.y, a.accumulate);
+}
+
+using LaunchFn = void (*)(const GemvArgs&, cudaStream_t);
+
+LaunchFn launcher(TensorType type) {
+    switch (type) {
+        case TensorType::F32: return launch<TensorType::F32>;
+        case TensorType::F16: return launch<TensorType::F16>;
+        case TensorType::BF16: return launch<TensorType::BF16>;
+        case TensorType::Q4_0: return launch<TensorType::Q4_0>;
+        case TensorType::Q4_1: return launch<TensorType::Q4_1>;
+        case TensorType::Q5_0: return launch<TensorType::Q5_0>;
+        case TensorType::Q5_1: return launch<TensorType::Q5_1>;
+        case TensorType::Q8_0: return launch<TensorType::Q8_0>;
+        case TensorType::IQ4_NL: return launch<TensorType::IQ4_NL>;
+        case TensorType::Q2_K: return launch<TensorType::Q2_K>;
+        case TensorType::Q3_K: return launch<TensorType::Q3_K>;
+        case TensorType::Q4_K: return launch<TensorType::Q4_K>;
+        case TensorType::Q5_K: return launch<TensorType::Q5_K>;
+        case TensorType::Q6_K: return launch<TensorType::Q6_K>;
+        case TensorType::Q8_K: return launch<TensorType::Q8_K>;
+        case TensorType::IQ4_XS: return launch<TensorType::IQ4_XS>;
+        default: return nullptr;
+    }
+}
+
+// Device memory owned by a unique_ptr.
+struct Free {
+    void operator()(void* p) const noexcept { cudaFree(p); }
+};
+template <typename T>
+std::unique_ptr<T, Free> device_alloc(size_t count) {
+    void* p = nullptr;
+    ER_CUDA(cudaMalloc(&p, count * sizeof(T) + (count == 0)));
+    return std::unique_ptr<T, Free>(static_cast<T*>(p));
+}
+
+}  // namespace
+
+bool gemv_supports(TensorType type) { return launcher(type) != nullptr; }
+
+void gemv_launch(TensorType type, const GemvArgs& args, cudaStream_t stream) {
+    const LaunchFn fn = launcher(type);
+    if (!fn) throw std::invalid_argument("the CUDA backend has no GEMV kernel for " + std::string(tensor_type_name(type)));
+    if (args.cols % 32 != 0) throw std::invalid_argument("GEMV columns must be a multiple of 32");
+    fn(args, stream);
+    ER_CUDA(cudaGetLastError());
+}
+
+std::vector<float> gemv(TensorType type, const uint8_t* rows, int64_t n_rows, size_t row_bytes, const float* x, int64_t n) {
+    auto w = device_alloc<uint8_t>(static_cast<size_t>(n_rows) * row_bytes);
+    auto xd = device_alloc<float>(static_cast<size_t>(n));
+    auto yd = device_alloc<float>(static_cast<size_t>(n_rows));
+    ER_CUDA(cudaMemcpy(w.get(), rows, static_cast<size_t>(n_rows) * row_bytes, cudaMemcpyHostToDevice));
+    ER_CUDA(cudaMemcpy(xd.get(), x, static_cast<size_t>(n) * sizeof(float), cudaMemcpyHostToDevice));
+    gemv_launch(type, GemvArgs{w.get(), row_bytes, n_rows, n, xd.get(), nullptr, yd.get(), false}, nullptr);
+    std::vector<float> y(static_cast<size_t>(n_rows));
+    ER_CUDA(cudaMemcpy(y.data(), yd.get(), y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return y;
+}
+
+bool available() {
+    int count = 0;
+    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+std::string describe() {
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(status);
+    if (count == 0) return "no CUDA device";
+    cudaDeviceProp p{};
+    ER_CUDA(cudaGetDeviceProperties(&p, 0));
+    return std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
+           std::to_string(p.multiProcessorCount) + " SMs, " + std::to_string(p.totalGlobalMem >> 20) + " MiB)";
+}
+
+}  // namespace edgerunner::cuda

@@ -1,0 +1,282 @@
+// One 32-element unit of a weight row, dotted with 32 float activations, in the raw block
+// layouts of edgerunner/quant_blocks.h. Every format splits into units of 32 consecutive
+// elements (a 32-element block, or sub-block u % 8 of a 256-element super-block), so a warp
+// spreads a row over its lanes the same way for every type. Nothing is ever dequantized to
+// memory: the weights go from their bytes to registers to the FMA.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "edgerunner/quant_blocks.h"
+#include "edgerunner/tensor_type.h"
+
+namespace edgerunner::cuda {
+
+__device__ __forceinline__ float h2f(er_half h) { return __half2float(h); }
+
+// 6-bit scale and min j of a Q4_K / Q5_K block (ggml's get_scale_min_k4).
+__device__ __forceinline__ void k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+template <TensorType T>
+struct Unit;
+
+// Σ over the 16 bytes of nibbles: low nibble j with x[j], high with x[j + 16], each minus `offset`.
+__device__ __forceinline__ float nibble_dot(const uint8_t* qs, const float* x, float offset) {
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) s += (static_cast<float>(qs[j] & 0xF) - offset) * x[j] + (static_cast<float>(qs[j] >> 4) - offset) * x[j + 16];
+    return s;
+}
+
+template <>
+struct Unit<TensorType::Q4_0> {
+    using Block = block_q4_0;
+    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        return h2f(b.d) * nibble_dot(b.qs, x, 8.0f);
+    }
+};
+
+template <>
+struct Unit<TensorType::Q4_1> {
+    using Block = block_q4_1;
+    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        float xs = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) xs += x[j];
+        return h2f(b.d) * nibble_dot(b.qs, x, 0.0f) + h2f(b.m) * xs;
+    }
+};
+
+template <typename Block>
+__device__ __forceinline__ float q5_dot(const Block& b, const float* x, float offset) {
+    const uint32_t qh = b.qh[0] | b.qh[1] << 8 | b.qh[2] << 16 | static_cast<uint32_t>(b.qh[3]) << 24;
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const int lo = (b.qs[j] & 0xF) | ((qh >> j) & 1) << 4;
+        const int hi = (b.qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4;
+        s += (static_cast<float>(lo) - offset) * x[j] + (static_cast<float>(hi) - offset) * x[j + 16];
+    }
+    return s;
+}
+
+template <>
+struct Unit<TensorType::Q5_0> {
+    using Block = block_q5_0;
+    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        return h2f(b.d) * q5_dot(b, x, 16.0f);
+    }
+};
+
+template <>
+struct Unit<TensorType::Q5_1> {
+    using Block = block_q5_1;
+    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        float xs = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) xs += x[j];
+        return h2f(b.d) * q5_dot(b, x, 0.0f) + h2f(b.m) * xs;
+    }
+};
+
+template <>
+struct Unit<TensorType::Q8_0> {
+    using Block = block_q8_0;
+    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) s += static_cast<float>(b.qs[j]) * x[j];
+        return h2f(b.d) * s;
+    }
+};
+
+template <>
+struct Unit<TensorType::IQ4_NL> {
+    using Block = block_iq4_nl;
+    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+            s += static_cast<float>(kvalues_iq4nl[b.qs[j] & 0xF]) * x[j] + static_cast<float>(kvalues_iq4nl[b.qs[j] >> 4]) * x[j + 16];
+        return h2f(b.d) * s;
+    }
+};
+
+// Q2_K / Q3_K: unit j = g·4 + s is bits 2s..2s+1 of qs[g·32 + l]; sub-blocks of 16 (two per unit).
+template <>
+struct Unit<TensorType::Q2_K> {
+    using Block = block_q2_K;
+    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8), g = j / 4, s = j % 4;
+        float out = 0.0f;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const uint8_t sc = b.scales[g * 8 + s * 2 + half];
+            float qx = 0.0f, xs = 0.0f;
+#pragma unroll
+            for (int l = 16 * half; l < 16 * half + 16; ++l) {
+                qx += static_cast<float>((b.qs[g * 32 + l] >> (2 * s)) & 3) * x[l];
+                xs += x[l];
+            }
+            out += h2f(b.d) * static_cast<float>(sc & 0xF) * qx - h2f(b.dmin) * static_cast<float>(sc >> 4) * xs;
+        }
+        return out;
+    }
+};
+
+template <>
+struct Unit<TensorType::Q3_K> {
+    using Block = block_q3_K;
+    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8), g = j / 4, s = j % 4;
+        float out = 0.0f;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int sb = g * 8 + s * 2 + half;
+            const int lo = (b.scales[sb % 8] >> (4 * (sb / 8))) & 0xF;
+            const int hi = (b.scales[8 + sb % 4] >> (2 * (sb / 4))) & 3;
+            float qx = 0.0f;
+#pragma unroll
+            for (int l = 16 * half; l < 16 * half + 16; ++l) {
+                const int q = ((b.qs[g * 32 + l] >> (2 * s)) & 3) - (((b.hmask[l] >> j) & 1) ? 0 : 4);
+                qx += static_cast<float>(q) * x[l];
+            }
+            out += static_cast<float>((lo | hi << 4) - 32) * qx;
+        }
+        return h2f(b.d) * out;
+    }
+};
+
+// Q4_K / Q5_K: unit j is sub-block j: nibble j % 2 of qs[(j / 2)·32 + l] (+ bit j of qh[l]).
+template <typename Block, bool kFiveBit>
+__device__ __forceinline__ float q45_k_dot(const uint8_t* row, int64_t u, const float* x) {
+    const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+    const int j = static_cast<int>(u % 8);
+    int sc, m;
+    k_scale_min(b.scales, j, &sc, &m);
+    const uint8_t* q = b.qs + (j / 2) * 32;
+    const int shift = 4 * (j % 2);
+    float qx = 0.0f, xs = 0.0f;
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+        int v = (q[l] >> shift) & 0xF;
+        if constexpr (kFiveBit) v |= ((b.qh[l] >> j) & 1) << 4;
+        qx += static_cast<float>(v) * x[l];
+        xs += x[l];
+    }
+    return h2f(b.d) * static_cast<float>(sc) * qx - h2f(b.dmin) * static_cast<float>(m) * xs;
+}
+
+template <>
+struct Unit<TensorType::Q4_K> {
+    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) { return q45_k_dot<block_q4_K, false>(row, u, x); }
+};
+template <>
+struct Unit<TensorType::Q5_K> {
+    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) { return q45_k_dot<block_q5_K, true>(row, u, x); }
+};
+
+// Q6_K: unit j = h·4 + s: low nibble of ql[h·64 + (s % 2)·32 + l] (high nibble for s ≥ 2), two
+// bits at 2s of qh[h·32 + l], minus 32; two sub-blocks of 16 with int8 scales.
+template <>
+struct Unit<TensorType::Q6_K> {
+    using Block = block_q6_K;
+    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8), h = j / 4, s = j % 4;
+        float out = 0.0f;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float qx = 0.0f;
+#pragma unroll
+            for (int l = 16 * half; l < 16 * half + 16; ++l) {
+                const int lo = (b.ql[h * 64 + (s % 2) * 32 + l] >> (4 * (s / 2))) & 0xF;
+                const int hi = (b.qh[h * 32 + l] >> (2 * s)) & 3;
+                qx += static_cast<float>((lo | hi << 4) - 32) * x[l];
+            }
+            out += static_cast<float>(b.scales[h * 8 + s * 2 + half]) * qx;
+        }
+        return h2f(b.d) * out;
+    }
+};
+
+template <>
+struct Unit<TensorType::IQ4_XS> {
+    using Block = block_iq4_xs;
+    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int sb = static_cast<int>(u % 8);
+        const int scale = (((b.scales_l[sb / 2] >> (4 * (sb % 2))) & 0xF) | ((b.scales_h >> (2 * sb)) & 3) << 4) - 32;
+        const uint8_t* qs = b.qs + 16 * sb;
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+            s += static_cast<float>(kvalues_iq4nl[qs[j] & 0xF]) * x[j] + static_cast<float>(kvalues_iq4nl[qs[j] >> 4]) * x[j + 16];
+        return h2f(b.d) * static_cast<float>(scale) * s;
+    }
+};
+
+template <>
+struct Unit<TensorType::Q8_K> {
+    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
+        const block_q8_K& b = reinterpret_cast<const block_q8_K*>(row)[u / 8];
+        const int8_t* q = b.qs + 32 * (u % 8);
+        float s = 0.0f;
+#pragma unroll
+        for (int l = 0; l < 32; ++l) s += static_cast<float>(q[l]) * x[l];
+        return b.d * s;
+    }
+};
+
+template <>
+struct Unit<TensorType::F32> {
+    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
+        const float* w = reinterpret_cast<const float*>(row) + 32 * u;
+        float s = 0.0f;
+#pragma unroll
+        for (int l = 0; l < 32; ++l) s += w[l] * x[l];
+        return s;
+    }
+};
+
+template <>
+struct Unit<TensorType::F16> {
+    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
+        const __half* w = reinterpret_cast<const __half*>(row) + 32 * u;
+        float s = 0.0f;
+#pragma unroll
+        for (int l = 0; l < 32; ++l) s += __half2float(w[l]) * x[l];
+        return s;
+    }
+};
+
+template <>
+struct Unit<TensorType::BF16> {
+    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
+        const uint16_t* w = reinterpret_cast<const uint16_t*>(row) + 32 * u;
+        float s = 0.0f;
+#pragma unroll
+        for (int l = 0; l < 32; ++l) s += __uint_as_float(static_cast<uint32_t>(w[l]) << 16) * x[l];
+        return s;
+    }
+};
+
+}  // namespace edgerunner::cuda

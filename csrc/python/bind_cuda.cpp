@@ -1,0 +1,46 @@
+// The CUDA backend's test and benchmark entry points; without EDGERUNNER_CUDA they report that
+// the build has no CUDA backend.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "edgerunner/tensor_type.h"
+#if defined(ER_HAVE_CUDA)
+#include "../cuda/cuda.h"
+#endif
+
+namespace nb = nanobind;
+using namespace edgerunner;
+
+void bind_cuda(nb::module_& m) {
+#if defined(ER_HAVE_CUDA)
+    m.attr("cuda_built") = true;
+    m.def("cuda_available", &cuda::available, "Whether this build has the CUDA backend and a CUDA device is present.");
+    m.def("cuda_device", &cuda::describe);
+    m.def("cuda_gemv", [](uint32_t type_id, nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig> rows,
+                          nb::ndarray<const float, nb::ndim<1>, nb::c_contig> x) {
+        auto info = tensor_type_info(type_id);
+        if (!info) throw std::invalid_argument("unknown tensor type id " + std::to_string(type_id));
+        const int64_t n = static_cast<int64_t>(x.shape(0));
+        if (n % info->block_size != 0 || rows.shape(1) != static_cast<size_t>(n / info->block_size * info->type_size))
+            throw std::invalid_argument("rows and x sizes do not match the type's blocks");
+        std::vector<float> y;
+        {
+            nb::gil_scoped_release release;
+            y = cuda::gemv(info->type, rows.data(), static_cast<int64_t>(rows.shape(0)), rows.shape(1), x.data(), n);
+        }
+        float* out = new float[y.size()];
+        std::copy(y.begin(), y.end(), out);
+        nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+        size_t shape[1] = {y.size()};
+        return nb::ndarray<nb::numpy, float, nb::ndim<1>>(out, 1, shape, owner);
+    }, nb::arg("type_id"), nb::arg("rows"), nb::arg("x"), "y = W x on the CUDA device (W in its raw blocks).");
+#else
+    m.attr("cuda_built") = false;
+    m.def("cuda_available", [] { return false; }, "Whether this build has the CUDA backend and a CUDA device is present.");
+    m.def("cuda_device", [] { return std::string("this build has no CUDA backend (build with -C cmake.define.EDGERUNNER_CUDA=ON)"); });
+#endif
+}
