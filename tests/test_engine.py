@@ -67,7 +67,7 @@ def test_precise_mode_matches_float64_reference(tiny_models, case):
     max |Δlogit| ≤ 1e-4 (float32 rounding over two layers of tiny logits, |logit| < ~1)."""
     path, seed = tiny_models[case]
     ref = ReferenceModel(path)
-    model = _core.Model.load(str(path), precise=True, n_threads=2, prefill_chunk=16)
+    model = _core.Model.load(str(path), backend="cpu", precise=True, n_threads=2, prefill_chunk=16)
     ids = prompt(np.random.default_rng(seed), 40)
     want = ref.logits(ids)
     got = _core.Session(model).eval_all(ids)
@@ -81,7 +81,7 @@ def test_fast_mode_close_to_reference(tiny_models, case):
     activation scale per matmul; over two layers the logits stay within 3% of the logit range."""
     path, seed = tiny_models[case]
     ref = ReferenceModel(path)
-    model = _core.Model.load(str(path), n_threads=2, prefill_chunk=16)
+    model = _core.Model.load(str(path), backend="cpu", n_threads=2, prefill_chunk=16)
     ids = prompt(np.random.default_rng(seed + 1), 40)
     want = ref.logits(ids)
     got = _core.Session(model).eval_all(ids)
@@ -96,7 +96,7 @@ def test_modes_agree_with_one_prefill(tmp_path, precise, kv_type):
     exactly: every token's arithmetic is the same whatever the chunking."""
     path = tmp_path / "m.gguf"
     write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=5, n_heads=2, n_kv_heads=1)
-    model = _core.Model.load(str(path), precise=precise, kv_type=kv_type, n_threads=2, prefill_chunk=8)
+    model = _core.Model.load(str(path), backend="cpu", precise=precise, kv_type=kv_type, n_threads=2, prefill_chunk=8)
     ids = prompt(np.random.default_rng(0), 30)
     full = _core.Session(model).eval_all(ids)
 
@@ -127,7 +127,7 @@ def test_sliding_window_cache_is_circular_and_modes_agree(tmp_path, kv_type):
     A rewind into positions the ring has overwritten falls back to a full prefill (reset)."""
     path = tmp_path / "w.gguf"
     write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=9, window=6, n_heads=2, n_kv_heads=1)
-    model = _core.Model.load(str(path), kv_type=kv_type, n_threads=2, prefill_chunk=4, n_ctx=128)
+    model = _core.Model.load(str(path), backend="cpu", kv_type=kv_type, n_threads=2, prefill_chunk=4, n_ctx=128)
     ids = prompt(np.random.default_rng(3), 60)
     full = _core.Session(model).eval_all(ids)
     want = ReferenceModel(path).logits(ids)
@@ -144,7 +144,7 @@ def test_sliding_window_cache_is_circular_and_modes_agree(tmp_path, kv_type):
 def test_context_and_token_errors(tmp_path):
     path = tmp_path / "m.gguf"
     write_random_model(path, arch="llama", preset="tiny", seed=1)
-    model = _core.Model.load(str(path), n_ctx=16)
+    model = _core.Model.load(str(path), backend="cpu", n_ctx=16)
     s = _core.Session(model)
     with pytest.raises(ContextLengthError, match="17 tokens but the context holds 16"):
         s.eval(np.zeros(17, np.int32))
@@ -156,9 +156,9 @@ def test_context_and_token_errors(tmp_path):
     with pytest.raises(ContextLengthError, match="context is full"):
         s.append(1)
     with pytest.raises(ValueError, match="KV cache type 'q4' is not supported"):
-        _core.Model.load(str(path), kv_type="q4")
+        _core.Model.load(str(path), backend="cpu", kv_type="q4")
     with pytest.raises(ValueError, match="q8_0 needs a head size that is a multiple of 32"):
-        _core.Model.load(str(path), kv_type="q8_0")  # head size 16
+        _core.Model.load(str(path), backend="cpu", kv_type="q8_0")  # head size 16
 
 
 def test_unsupported_architecture_and_type(tmp_path):

@@ -23,7 +23,8 @@ const char* kv_type_name(KvType t) {
     return "?";
 }
 
-KVCache::KVCache(KvType type_, int64_t n_layer_, int64_t capacity_, int64_t n_head_kv, int64_t head_dim_, bool circular_)
+KVCache::KVCache(KvType type_, int64_t n_layer_, int64_t capacity_, int64_t n_head_kv, int64_t head_dim_, bool circular_,
+                 bool host_storage)
     : type(type_), n_layer(n_layer_), capacity(capacity_), kv_dim(n_head_kv * head_dim_), head_dim(head_dim_),
       circular(circular_) {
     switch (type) {
@@ -36,6 +37,7 @@ KVCache::KVCache(KvType type_, int64_t n_layer_, int64_t capacity_, int64_t n_he
             row_bytes = static_cast<size_t>(kv_dim / QK8_0) * sizeof(block_q8_0);
             break;
     }
+    if (!host_storage) return;  // a device backend keeps the slots in its own memory
     storage.reset(new uint8_t[bytes()]);
     std::memset(storage.get(), 0, bytes());
 }

@@ -24,7 +24,8 @@ struct KVCache {
     size_t row_bytes = 0;   // bytes of one slot's K (or V)
     std::unique_ptr<uint8_t[]> storage;
 
-    KVCache(KvType type, int64_t n_layer, int64_t capacity, int64_t n_head_kv, int64_t head_dim, bool circular);
+    KVCache(KvType type, int64_t n_layer, int64_t capacity, int64_t n_head_kv, int64_t head_dim, bool circular,
+            bool host_storage = true);
     size_t bytes() const { return static_cast<size_t>(2 * n_layer * capacity) * row_bytes; }
     uint8_t* k(int64_t layer, int64_t pos) { return slot(layer, 0, pos); }
     uint8_t* v(int64_t layer, int64_t pos) { return slot(layer, 1, pos); }

@@ -5,6 +5,9 @@
 #include <thread>
 
 #include "../cpu/executable.h"
+#if defined(ER_HAVE_CUDA)
+#include "../cuda/cuda.h"
+#endif
 #include "edgerunner/engine.h"
 #include "kv_cache.h"
 #include "models/models.h"
@@ -12,6 +15,7 @@
 namespace edgerunner {
 
 struct Model::Impl {
+    Impl(GGUFFile f, const LoadOptions& o, std::string b) : file(std::move(f)), options(o), backend(std::move(b)) {}
     GGUFFile file;
     ModelConfig config;
     ModelWeights weights;
@@ -19,12 +23,41 @@ struct Model::Impl {
     int64_t n_ctx = 0;
     Plan decode_plan, prefill_plan;
     std::unique_ptr<cpu::ThreadPool> pool;
+    std::string backend;  // "cpu" or "cuda"
+#if defined(ER_HAVE_CUDA)
+    std::shared_ptr<cuda::DeviceModel> device;  // the weights in device memory
+#endif
 };
+
+namespace {
+
+// "auto" → cuda where this build has the backend and a device is present, else cpu.
+std::string resolve_backend(const LoadOptions& o) {
+    const std::string& b = o.backend;
+#if defined(ER_HAVE_CUDA)
+    const bool cuda_ok = cuda::available();
+#else
+    const bool cuda_ok = false;
+#endif
+    if (b == "cpu") return b;
+    if (b == "auto") return cuda_ok && !o.precise ? "cuda" : "cpu";
+    if (b != "cuda") throw std::invalid_argument("unknown backend '" + b + "'; choose cpu, cuda or auto");
+#if defined(ER_HAVE_CUDA)
+    if (!cuda_ok) throw std::invalid_argument("backend 'cuda': " + cuda::describe());
+    if (o.precise) throw std::invalid_argument("precise mode runs on the CPU backend only; drop precise or use backend='cpu'");
+    return b;
+#else
+    throw std::invalid_argument("backend 'cuda': this build has no CUDA backend (rebuild with -C cmake.define.EDGERUNNER_CUDA=ON)");
+#endif
+}
+
+}  // namespace
 
 Model::~Model() = default;
 const ModelConfig& Model::config() const { return impl_->config; }
 const GGUFFile& Model::file() const { return impl_->file; }
 const LoadOptions& Model::options() const { return impl_->options; }
+const std::string& Model::backend() const { return impl_->backend; }
 int64_t Model::n_ctx() const { return impl_->n_ctx; }
 
 std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& options) {
@@ -34,7 +67,8 @@ std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
     parse_kv_type(options.kv_type);
 
     std::shared_ptr<Model> model(new Model());
-    model->impl_ = std::make_unique<Impl>(Impl{GGUFFile::open(path), {}, {}, options, 0, {}, {}, nullptr});
+    std::string backend = resolve_backend(options);
+    model->impl_ = std::make_unique<Impl>(GGUFFile::open(path), options, std::move(backend));
     Impl& m = *model->impl_;
     m.config = read_model_config(m.file);
     if (!options.precise && parse_kv_type(options.kv_type) == KvType::Q8_0 && m.config.head_dim % 32 != 0)
@@ -45,6 +79,12 @@ std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
     const int64_t chunk = std::min(options.prefill_chunk, m.n_ctx);
     m.decode_plan = build_plan(m.config, m.weights, StepKind::Decode, 1);
     m.prefill_plan = build_plan(m.config, m.weights, StepKind::Prefill, chunk);
+#if defined(ER_HAVE_CUDA)
+    if (m.backend == "cuda") {
+        m.device = cuda::upload({&m.decode_plan, &m.prefill_plan});
+        return model;
+    }
+#endif
     int threads = options.n_threads ? options.n_threads : static_cast<int>(std::thread::hardware_concurrency());
     m.pool = std::make_unique<cpu::ThreadPool>(std::max(1, threads));
     return model;
@@ -62,8 +102,11 @@ const char* eval_mode_name(EvalMode m) {
 
 struct Session::Impl {
     std::shared_ptr<Model> model;
-    KVCache kv;
-    cpu::Executable decode, prefill;
+    KVCache kv;  // on the CPU backend the slots themselves; on a device backend the layout
+#if defined(ER_HAVE_CUDA)
+    std::shared_ptr<cuda::DeviceKv> device_kv;
+#endif
+    std::unique_ptr<StepRunner> decode, prefill;
     std::vector<int32_t> tokens;  // what the cache holds, position = index
     const float* logits = nullptr;  // next-token logits of `tokens`, or null
 
@@ -76,14 +119,23 @@ struct Session::Impl {
         const int64_t chunk = model.impl().prefill_plan.max_tokens;
         const bool circular = c.sliding_window > 0 && c.sliding_window + chunk < model.n_ctx();
         const int64_t capacity = circular ? c.sliding_window + chunk : model.n_ctx();
-        return KVCache(type, c.n_layer, capacity, c.n_head_kv, c.head_dim, circular);
+        return KVCache(type, c.n_layer, capacity, c.n_head_kv, c.head_dim, circular, model.backend() == "cpu");
     }
 
-    explicit Impl(std::shared_ptr<Model> m)
-        : model(std::move(m)),
-          kv(make_cache(*model)),
-          decode(model->config(), model->impl().decode_plan, kv, *model->impl().pool, model->options().precise),
-          prefill(model->config(), model->impl().prefill_plan, kv, *model->impl().pool, model->options().precise) {
+    explicit Impl(std::shared_ptr<Model> m) : model(std::move(m)), kv(make_cache(*model)) {
+        const Model::Impl& mi = model->impl();
+#if defined(ER_HAVE_CUDA)
+        if (mi.backend == "cuda") {
+            device_kv = cuda::make_kv(kv);
+            decode = cuda::make_runner(model->config(), mi.decode_plan, mi.device, device_kv);
+            prefill = cuda::make_runner(model->config(), mi.prefill_plan, mi.device, device_kv);
+        }
+#endif
+        if (mi.backend == "cpu") {
+            const bool precise = model->options().precise;
+            decode = std::make_unique<cpu::Executable>(model->config(), mi.decode_plan, kv, *mi.pool, precise);
+            prefill = std::make_unique<cpu::Executable>(model->config(), mi.prefill_plan, kv, *mi.pool, precise);
+        }
         tokens.reserve(static_cast<size_t>(model->n_ctx()));
     }
 
@@ -104,9 +156,9 @@ struct Session::Impl {
         const int64_t vocab = model->config().n_vocab;
         size_t done = 0;
         while (done < n) {
-            const size_t step = std::min<size_t>(n - done, static_cast<size_t>(prefill.max_tokens()));
-            cpu::Executable& exe = step == 1 && !all_logits_out ? decode : prefill;
-            cpu::StepInputs in;
+            const size_t step = std::min<size_t>(n - done, static_cast<size_t>(prefill->max_tokens()));
+            StepRunner& exe = step == 1 && !all_logits_out ? *decode : *prefill;
+            StepInputs in;
             in.tokens = ids + done;
             in.n_tokens = static_cast<int64_t>(step);
             in.pos0 = static_cast<int64_t>(tokens.size());

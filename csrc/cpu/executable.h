@@ -9,28 +9,20 @@
 
 #include "../core/kv_cache.h"
 #include "../core/plan.h"
+#include "../core/runner.h"
 #include "kernels.h"
 #include "thread_pool.h"
 
 namespace edgerunner::cpu {
 
-// The per-step values (the "step block").
-struct StepInputs {
-    const int32_t* tokens = nullptr;
-    int64_t n_tokens = 0;
-    int64_t pos0 = 0;             // position of tokens[0]
-    float* logits_out = nullptr;  // non-null: logits of every token, n_tokens × n_vocab, go here;
-                                  // null: only the last token's, into logits()
-};
-
-class Executable {
+class Executable final : public StepRunner {
 public:
     // precise: float32 activations everywhere (no activation quantization).
     Executable(const ModelConfig& config, Plan plan, KVCache& kv, ThreadPool& pool, bool precise);
 
-    void run(const StepInputs& in);
-    const float* logits() const { return last_logits_.data(); }
-    int64_t max_tokens() const { return plan_.max_tokens; }
+    void run(const StepInputs& in) override;
+    const float* logits() const override { return last_logits_.data(); }
+    int64_t max_tokens() const override { return plan_.max_tokens; }
 
 private:
     // One matrix of a (possibly fused) matmul step.

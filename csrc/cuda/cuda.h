@@ -7,9 +7,27 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
+#include "../core/kv_cache.h"
+#include "../core/plan.h"
+#include "../core/runner.h"
+#include "edgerunner/model_config.h"
 #include "edgerunner/tensor_type.h"
 
 namespace edgerunner::cuda {
+
+// A model's weights in device memory, uploaded once at load: every weight the plans use.
+struct DeviceModel;
+std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans);
+
+// A session's KV cache in device memory, with the geometry of `layout` (fp16 only for now).
+struct DeviceKv;
+std::shared_ptr<DeviceKv> make_kv(const KVCache& layout);
+
+// A prepared plan on the device: scratch allocated here, one stream, ops launched per step.
+std::unique_ptr<StepRunner> make_runner(const ModelConfig& config, const Plan& plan, std::shared_ptr<DeviceModel> weights,
+                                        std::shared_ptr<DeviceKv> kv);
 
 // Whether a CUDA device is present and usable (false, never an error, when there is none).
 bool available();

@@ -19,10 +19,13 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// One warp per row, token blockIdx.y.
 template <TensorType T>
 __global__ void gemv_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t cols,
                             const float* __restrict__ x, const float* __restrict__ bias, float* __restrict__ y,
-                            bool accumulate) {
+                            bool accumulate, int64_t x_stride, int64_t y_stride) {
+    x += blockIdx.y * x_stride;
+    y += blockIdx.y * y_stride;
     const int lane = threadIdx.x % 32;
     const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= rows) return;
@@ -42,8 +45,9 @@ constexpr int kWarpsPerBlock = 4;
 
 template <TensorType T>
 void launch(const GemvArgs& a, cudaStream_t stream) {
-    const unsigned blocks = static_cast<unsigned>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-    gemv_kernel<T><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(a.w, a.row_bytes, a.rows, a.cols, a.x, a.bias, a.y, a.accumulate);
+    const dim3 blocks(static_cast<unsigned>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock), static_cast<unsigned>(a.n_tokens));
+    gemv_kernel<T><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(a.w, a.row_bytes, a.rows, a.cols, a.x, a.bias, a.y, a.accumulate,
+                                                               a.x_stride, a.y_stride);
 }
 
 using LaunchFn = void (*)(const GemvArgs&, cudaStream_t);

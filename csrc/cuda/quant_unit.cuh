@@ -1,5 +1,5 @@
-// One 32-element unit of a weight row, dotted with 32 float activations, in the raw block
-// layouts of edgerunner/quant_blocks.h. Every format splits into units of 32 consecutive
+// One 32-element unit of a weight row, in the raw block layouts of edgerunner/quant_blocks.h:
+// dot() with 32 float activations (GEMV), load() into 32 floats (embedding rows, GEMM tiles). Every format splits into units of 32 consecutive
 // elements (a 32-element block, or sub-block u % 8 of a 256-element super-block), so a warp
 // spreads a row over its lanes the same way for every type. Nothing is ever dequantized to
 // memory: the weights go from their bytes to registers to the FMA.
@@ -45,6 +45,14 @@ struct Unit<TensorType::Q4_0> {
         const Block& b = reinterpret_cast<const Block*>(row)[u];
         return h2f(b.d) * nibble_dot(b.qs, x, 8.0f);
     }
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        const float d = h2f(b.d);
+        for (int j = 0; j < 16; ++j) {
+            w[j] = d * static_cast<float>((b.qs[j] & 0xF) - 8);
+            w[j + 16] = d * static_cast<float>((b.qs[j] >> 4) - 8);
+        }
+    }
 };
 
 template <>
@@ -56,6 +64,14 @@ struct Unit<TensorType::Q4_1> {
 #pragma unroll
         for (int j = 0; j < 32; ++j) xs += x[j];
         return h2f(b.d) * nibble_dot(b.qs, x, 0.0f) + h2f(b.m) * xs;
+    }
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        const float d = h2f(b.d), m = h2f(b.m);
+        for (int j = 0; j < 16; ++j) {
+            w[j] = d * static_cast<float>(b.qs[j] & 0xF) + m;
+            w[j + 16] = d * static_cast<float>(b.qs[j] >> 4) + m;
+        }
     }
 };
 
@@ -72,12 +88,25 @@ __device__ __forceinline__ float q5_dot(const Block& b, const float* x, float of
     return s;
 }
 
+template <typename Block>
+__device__ __forceinline__ void q5_load(const Block& b, float d, float offset, float* w) {
+    const uint32_t qh = b.qh[0] | b.qh[1] << 8 | b.qh[2] << 16 | static_cast<uint32_t>(b.qh[3]) << 24;
+    for (int j = 0; j < 16; ++j) {
+        w[j] = d * static_cast<float>((b.qs[j] & 0xF) | ((qh >> j) & 1) << 4) + offset;
+        w[j + 16] = d * static_cast<float>((b.qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) + offset;
+    }
+}
+
 template <>
 struct Unit<TensorType::Q5_0> {
     using Block = block_q5_0;
     static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
         const Block& b = reinterpret_cast<const Block*>(row)[u];
         return h2f(b.d) * q5_dot(b, x, 16.0f);
+    }
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        q5_load(b, h2f(b.d), -16.0f * h2f(b.d), w);
     }
 };
 
@@ -91,6 +120,10 @@ struct Unit<TensorType::Q5_1> {
         for (int j = 0; j < 32; ++j) xs += x[j];
         return h2f(b.d) * q5_dot(b, x, 0.0f) + h2f(b.m) * xs;
     }
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        q5_load(b, h2f(b.d), h2f(b.m), w);
+    }
 };
 
 template <>
@@ -102,6 +135,10 @@ struct Unit<TensorType::Q8_0> {
 #pragma unroll
         for (int j = 0; j < 32; ++j) s += static_cast<float>(b.qs[j]) * x[j];
         return h2f(b.d) * s;
+    }
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        for (int j = 0; j < 32; ++j) w[j] = h2f(b.d) * static_cast<float>(b.qs[j]);
     }
 };
 
@@ -115,6 +152,13 @@ struct Unit<TensorType::IQ4_NL> {
         for (int j = 0; j < 16; ++j)
             s += static_cast<float>(kvalues_iq4nl[b.qs[j] & 0xF]) * x[j] + static_cast<float>(kvalues_iq4nl[b.qs[j] >> 4]) * x[j + 16];
         return h2f(b.d) * s;
+    }
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        for (int j = 0; j < 16; ++j) {
+            w[j] = h2f(b.d) * static_cast<float>(kvalues_iq4nl[b.qs[j] & 0xF]);
+            w[j + 16] = h2f(b.d) * static_cast<float>(kvalues_iq4nl[b.qs[j] >> 4]);
+        }
     }
 };
 
@@ -138,6 +182,15 @@ struct Unit<TensorType::Q2_K> {
             out += h2f(b.d) * static_cast<float>(sc & 0xF) * qx - h2f(b.dmin) * static_cast<float>(sc >> 4) * xs;
         }
         return out;
+    }
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8), g = j / 4, s = j % 4;
+        for (int l = 0; l < 32; ++l) {
+            const uint8_t sc = b.scales[g * 8 + s * 2 + l / 16];
+            w[l] = h2f(b.d) * static_cast<float>(sc & 0xF) * static_cast<float>((b.qs[g * 32 + l] >> (2 * s)) & 3) -
+                   h2f(b.dmin) * static_cast<float>(sc >> 4);
+        }
     }
 };
 
@@ -163,6 +216,16 @@ struct Unit<TensorType::Q3_K> {
         }
         return h2f(b.d) * out;
     }
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8), g = j / 4, s = j % 4;
+        for (int l = 0; l < 32; ++l) {
+            const int sb = g * 8 + s * 2 + l / 16;
+            const int scale = (((b.scales[sb % 8] >> (4 * (sb / 8))) & 0xF) | ((b.scales[8 + sb % 4] >> (2 * (sb / 4))) & 3) << 4) - 32;
+            const int q = ((b.qs[g * 32 + l] >> (2 * s)) & 3) - (((b.hmask[l] >> j) & 1) ? 0 : 4);
+            w[l] = h2f(b.d) * static_cast<float>(scale) * static_cast<float>(q);
+        }
+    }
 };
 
 // Q4_K / Q5_K: unit j is sub-block j: nibble j % 2 of qs[(j / 2)·32 + l] (+ bit j of qh[l]).
@@ -185,13 +248,29 @@ __device__ __forceinline__ float q45_k_dot(const uint8_t* row, int64_t u, const 
     return h2f(b.d) * static_cast<float>(sc) * qx - h2f(b.dmin) * static_cast<float>(m) * xs;
 }
 
+template <typename Block, bool kFiveBit>
+__device__ __forceinline__ void q45_k_load(const uint8_t* row, int64_t u, float* w) {
+    const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+    const int j = static_cast<int>(u % 8);
+    int sc, m;
+    k_scale_min(b.scales, j, &sc, &m);
+    const float d = h2f(b.d) * static_cast<float>(sc), dm = h2f(b.dmin) * static_cast<float>(m);
+    for (int l = 0; l < 32; ++l) {
+        int v = (b.qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0xF;
+        if constexpr (kFiveBit) v |= ((b.qh[l] >> j) & 1) << 4;
+        w[l] = d * static_cast<float>(v) - dm;
+    }
+}
+
 template <>
 struct Unit<TensorType::Q4_K> {
     static __device__ float dot(const uint8_t* row, int64_t u, const float* x) { return q45_k_dot<block_q4_K, false>(row, u, x); }
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) { q45_k_load<block_q4_K, false>(row, u, w); }
 };
 template <>
 struct Unit<TensorType::Q5_K> {
     static __device__ float dot(const uint8_t* row, int64_t u, const float* x) { return q45_k_dot<block_q5_K, true>(row, u, x); }
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) { q45_k_load<block_q5_K, true>(row, u, w); }
 };
 
 // Q6_K: unit j = h·4 + s: low nibble of ql[h·64 + (s % 2)·32 + l] (high nibble for s ≥ 2), two
@@ -216,6 +295,15 @@ struct Unit<TensorType::Q6_K> {
         }
         return h2f(b.d) * out;
     }
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8), h = j / 4, s = j % 4;
+        for (int l = 0; l < 32; ++l) {
+            const int lo = (b.ql[h * 64 + (s % 2) * 32 + l] >> (4 * (s / 2))) & 0xF;
+            const int hi = (b.qh[h * 32 + l] >> (2 * s)) & 3;
+            w[l] = h2f(b.d) * static_cast<float>(b.scales[h * 8 + s * 2 + l / 16]) * static_cast<float>((lo | hi << 4) - 32);
+        }
+    }
 };
 
 template <>
@@ -232,6 +320,16 @@ struct Unit<TensorType::IQ4_XS> {
             s += static_cast<float>(kvalues_iq4nl[qs[j] & 0xF]) * x[j] + static_cast<float>(kvalues_iq4nl[qs[j] >> 4]) * x[j + 16];
         return h2f(b.d) * static_cast<float>(scale) * s;
     }
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int sb = static_cast<int>(u % 8);
+        const int scale = (((b.scales_l[sb / 2] >> (4 * (sb % 2))) & 0xF) | ((b.scales_h >> (2 * sb)) & 3) << 4) - 32;
+        const float d = h2f(b.d) * static_cast<float>(scale);
+        for (int j = 0; j < 16; ++j) {
+            w[j] = d * static_cast<float>(kvalues_iq4nl[b.qs[16 * sb + j] & 0xF]);
+            w[j + 16] = d * static_cast<float>(kvalues_iq4nl[b.qs[16 * sb + j] >> 4]);
+        }
+    }
 };
 
 template <>
@@ -244,6 +342,10 @@ struct Unit<TensorType::Q8_K> {
         for (int l = 0; l < 32; ++l) s += static_cast<float>(q[l]) * x[l];
         return b.d * s;
     }
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) {
+        const block_q8_K& b = reinterpret_cast<const block_q8_K*>(row)[u / 8];
+        for (int l = 0; l < 32; ++l) w[l] = b.d * static_cast<float>(b.qs[32 * (u % 8) + l]);
+    }
 };
 
 template <>
@@ -254,6 +356,9 @@ struct Unit<TensorType::F32> {
 #pragma unroll
         for (int l = 0; l < 32; ++l) s += w[l] * x[l];
         return s;
+    }
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) {
+        for (int l = 0; l < 32; ++l) w[l] = reinterpret_cast<const float*>(row)[32 * u + l];
     }
 };
 
@@ -266,6 +371,9 @@ struct Unit<TensorType::F16> {
         for (int l = 0; l < 32; ++l) s += __half2float(w[l]) * x[l];
         return s;
     }
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) {
+        for (int l = 0; l < 32; ++l) w[l] = __half2float(reinterpret_cast<const __half*>(row)[32 * u + l]);
+    }
 };
 
 template <>
@@ -276,6 +384,9 @@ struct Unit<TensorType::BF16> {
 #pragma unroll
         for (int l = 0; l < 32; ++l) s += __uint_as_float(static_cast<uint32_t>(w[l]) << 16) * x[l];
         return s;
+    }
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) {
+        for (int l = 0; l < 32; ++l) w[l] = __uint_as_float(static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(row)[32 * u + l]) << 16);
     }
 };
 

@@ -51,8 +51,9 @@ void bind_engine(nb::module_& m) {
 
     nb::class_<Model>(m, "Model")
         .def_static("load", [](const std::string& path, int64_t n_ctx, const std::string& kv_type, bool precise,
-                               int n_threads, int64_t prefill_chunk) {
+                               int n_threads, int64_t prefill_chunk, const std::string& backend) {
             LoadOptions o;
+            o.backend = backend;
             o.n_ctx = n_ctx;
             o.kv_type = kv_type;
             o.precise = precise;
@@ -61,7 +62,8 @@ void bind_engine(nb::module_& m) {
             nb::gil_scoped_release release;
             return Model::load(path, o);
         }, nb::arg("path"), nb::arg("n_ctx") = 0, nb::arg("kv_type") = "f16", nb::arg("precise") = false,
-           nb::arg("n_threads") = 0, nb::arg("prefill_chunk") = 256)
+           nb::arg("n_threads") = 0, nb::arg("prefill_chunk") = 256, nb::arg("backend") = "auto")
+        .def_prop_ro("backend", &Model::backend)
         .def_prop_ro("config", [](const Model& mo) { return config_dict(mo.config()); })
         .def_prop_ro("n_ctx", &Model::n_ctx)
         .def_prop_ro("kv_type", [](const Model& mo) { return mo.options().precise ? std::string("f32") : mo.options().kv_type; })

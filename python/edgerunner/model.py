@@ -69,18 +69,19 @@ class Model:
                 equal to a float32 reference within 1e-2 logits.
             threads: CPU threads (default: all).
             prefill_chunk: tokens per prefill step.
-            backend: ``"auto"`` or ``"cpu"`` (the only backend of this build).
+            backend: ``"cpu"``, ``"cuda"`` (a build with the CUDA backend and an NVIDIA GPU), or
+                ``"auto"``: CUDA where it is available (and not ``precise``), else the CPU.
 
         Raises:
             FileNotFoundError, edgerunner.GGUFError (malformed file), ValueError (unsupported
             architecture, tensor type or option).
         """
-        if backend not in ("auto", "cpu"):
-            raise ValueError(f"backend {backend!r} is not available in this build; available: auto, cpu")
+        if backend not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"unknown backend {backend!r}; choose auto, cpu or cuda")
         path = str(builtin_models.resolve(source, progress=_progress))
         file = gguf.open(path)
         native = _core.Model.load(path, n_ctx=int(n_ctx or 0), kv_type=kv_type, precise=precise,
-                                  n_threads=int(threads or 0), prefill_chunk=int(prefill_chunk))
+                                  n_threads=int(threads or 0), prefill_chunk=int(prefill_chunk), backend=backend)
         return cls(path, native, file, Tokenizer.from_gguf(file), ChatTemplate.from_gguf(file))
 
     # ---- facts ---------------------------------------------------------------------------
@@ -95,13 +96,19 @@ class Model:
         return self._native.n_ctx
 
     @property
+    def backend(self) -> str:
+        """Where the model runs: ``"cpu"`` or ``"cuda"``."""
+        return self._native.backend
+
+    @property
     def n_vocab(self) -> int:
         return self._native.config["n_vocab"]
 
     def __repr__(self) -> str:
         c = self.config
         return (f"Model({os.path.basename(self.path)!r}, arch={c['arch']}, layers={c['n_layer']}, "
-                f"n_ctx={self.n_ctx}, kv={self._native.kv_type}{', precise' if self._native.precise else ''})")
+                f"n_ctx={self.n_ctx}, kv={self._native.kv_type}, backend={self.backend}"
+                f"{', precise' if self._native.precise else ''})")
 
     # ---- tokens --------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ struct LoadOptions {
     bool precise = false;         // float32 activations and KV cache: the reference mode
     int n_threads = 0;            // 0: all hardware threads
     int64_t prefill_chunk = 256;  // tokens per prefill step
+    std::string backend = "auto"; // cpu, cuda, or auto (cuda where this build has it and a device is present)
 };
 constexpr int64_t kDefaultMaxContext = 4096;
 
@@ -37,6 +38,7 @@ public:
     const ModelConfig& config() const;
     const GGUFFile& file() const;
     const LoadOptions& options() const;
+    const std::string& backend() const;  // the backend it runs on: "cpu" or "cuda"
     int64_t n_ctx() const;
 
     struct Impl;

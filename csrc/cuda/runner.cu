@@ -1,0 +1,207 @@
+// The CUDA backend's step runner: the plan's ops as kernel launches on one stream (eager
+// dispatch), weights and KV cache resident in device memory, scratch allocated once here.
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include "check.cuh"
+#include "cuda.h"
+#include "gemv.cuh"
+#include "ops.cuh"
+
+namespace edgerunner::cuda {
+namespace {
+
+struct Free {
+    void operator()(void* p) const noexcept { cudaFree(p); }
+};
+template <typename T>
+using DevicePtr = std::unique_ptr<T, Free>;
+
+template <typename T>
+DevicePtr<T> device_alloc(size_t count) {
+    void* p = nullptr;
+    ER_CUDA(cudaMalloc(&p, count * sizeof(T) + (count == 0)));
+    return DevicePtr<T>(static_cast<T*>(p));
+}
+
+size_t weight_bytes(const Weight& w) { return static_cast<size_t>(w.rows) * w.row_bytes; }
+
+}  // namespace
+
+struct DeviceModel {
+    DevicePtr<uint8_t> memory;
+    std::unordered_map<const uint8_t*, const uint8_t*> at;  // host (mapped file) → device
+    const uint8_t* operator()(const Weight* w) const { return w ? at.at(w->data) : nullptr; }
+};
+
+std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans) {
+    auto m = std::make_shared<DeviceModel>();
+    std::vector<const Weight*> weights;
+    size_t total = 0;
+    for (const Plan* plan : plans)
+        for (const Op& op : plan->ops)
+            for (const Weight* w : {op.weight, op.bias})
+                if (w && !m->at.count(w->data)) {
+                    m->at[w->data] = nullptr;
+                    weights.push_back(w);
+                    total += (weight_bytes(*w) + 255) / 256 * 256;
+                }
+    m->memory = device_alloc<uint8_t>(total);
+    size_t offset = 0;
+    for (const Weight* w : weights) {
+        uint8_t* dst = m->memory.get() + offset;
+        ER_CUDA(cudaMemcpy(dst, w->data, weight_bytes(*w), cudaMemcpyHostToDevice));
+        m->at[w->data] = dst;
+        offset += (weight_bytes(*w) + 255) / 256 * 256;
+    }
+    return m;
+}
+
+struct DeviceKv {
+    KVCache layout;  // geometry only (no host storage)
+    DevicePtr<__half> memory;
+    __half* k(int64_t layer) const { return memory.get() + (2 * layer) * layout.capacity * layout.kv_dim; }
+    __half* v(int64_t layer) const { return memory.get() + (2 * layer + 1) * layout.capacity * layout.kv_dim; }
+};
+
+std::shared_ptr<DeviceKv> make_kv(const KVCache& layout) {
+    if (layout.type != KvType::F16)
+        throw std::invalid_argument(std::string("KV cache type ") + kv_type_name(layout.type) +
+                                    " is not available on the CUDA backend yet; use f16 (the default)");
+    auto kv = std::make_shared<DeviceKv>(DeviceKv{KVCache(layout.type, layout.n_layer, layout.capacity,
+                                                          layout.kv_dim / layout.head_dim, layout.head_dim, layout.circular, false),
+                                                  nullptr});
+    kv->memory = device_alloc<__half>(static_cast<size_t>(2 * layout.n_layer * layout.capacity * layout.kv_dim));
+    ER_CUDA(cudaMemset(kv->memory.get(), 0, static_cast<size_t>(2 * layout.n_layer * layout.capacity * layout.kv_dim) * sizeof(__half)));
+    return kv;
+}
+
+namespace {
+
+class Runner final : public StepRunner {
+public:
+    Runner(const ModelConfig& c, const Plan& plan, std::shared_ptr<DeviceModel> weights, std::shared_ptr<DeviceKv> kv)
+        : c_(c), plan_(plan), w_(std::move(weights)), kv_(std::move(kv)) {
+        for (const Op& op : plan_.ops) {
+            if (op.kind == OpKind::MatMul) {
+                gemv_check(op.weight->type);
+                if (op.weight->cols % 32 != 0) throw std::invalid_argument("CUDA GEMV needs a multiple of 32 columns");
+            }
+            if (op.kind == OpKind::Rope && op.weight) freq_factors_ = reinterpret_cast<const float*>(op.weight->data);
+        }
+        const int64_t q_dim = c_.n_head * c_.head_dim, kv_dim = c_.n_head_kv * c_.head_dim;
+        const int64_t widths[kBufCount] = {c_.n_embd, c_.n_embd, q_dim, kv_dim, kv_dim, q_dim, c_.n_ff, c_.n_ff, c_.n_vocab};
+        size_t total = 0;
+        for (int b = 0; b < kBufCount; ++b) {
+            width_[b] = widths[b];
+            offset_[b] = total;
+            total += static_cast<size_t>(widths[b] * plan_.max_tokens);
+        }
+        arena_ = device_alloc<float>(total);
+        tokens_ = device_alloc<int32_t>(static_cast<size_t>(plan_.max_tokens));
+        // RoPE inverse frequencies exactly as the CPU backend computes them (float32 pow).
+        std::vector<float> inv(static_cast<size_t>(c_.rope_dim / 2));
+        for (int64_t i = 0; i < c_.rope_dim / 2; ++i) {
+            inv[i] = 1.0f / std::pow(c_.rope_base, static_cast<float>(2 * i) / static_cast<float>(c_.rope_dim));
+            if (freq_factors_) inv[i] /= freq_factors_[i];
+        }
+        inv_freq_ = device_alloc<float>(inv.size());
+        ER_CUDA(cudaMemcpy(inv_freq_.get(), inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice));
+        ER_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        float* host = nullptr;
+        ER_CUDA(cudaMallocHost(&host, static_cast<size_t>(c_.n_vocab) * sizeof(float)));
+        logits_.reset(host);
+    }
+    ~Runner() override { cudaStreamDestroy(stream_); }
+
+    const float* logits() const override { return logits_.get(); }
+    int64_t max_tokens() const override { return plan_.max_tokens; }
+
+    void run(const StepInputs& in) override {
+        const int64_t n = in.n_tokens;
+        ER_CUDA(cudaMemcpyAsync(tokens_.get(), in.tokens, static_cast<size_t>(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+        for (const Op& op : plan_.ops) exec(op, in);
+        const int64_t vocab = c_.n_vocab;
+        if (in.logits_out)
+            ER_CUDA(cudaMemcpyAsync(in.logits_out, row(Buf::LOGITS, 0), static_cast<size_t>(n * vocab) * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_));
+        else
+            ER_CUDA(cudaMemcpyAsync(logits_.get(), row(Buf::LOGITS, n - 1), static_cast<size_t>(vocab) * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_));
+        ER_CUDA(cudaStreamSynchronize(stream_));
+    }
+
+private:
+    struct FreeHost {
+        void operator()(float* p) const noexcept { cudaFreeHost(p); }
+    };
+
+    static void gemv_check(TensorType type) {
+        if (!gemv_supports(type)) throw std::invalid_argument("the CUDA backend has no GEMV kernel for " + std::string(tensor_type_name(type)));
+    }
+    float* row(Buf b, int64_t t) const { return arena_.get() + offset_[static_cast<int>(b)] + t * width_[static_cast<int>(b)]; }
+    int64_t width(Buf b) const { return width_[static_cast<int>(b)]; }
+
+    void exec(const Op& op, const StepInputs& in) {
+        const int64_t n = in.n_tokens;
+        // tail ops (final norm, LM head) only for the rows whose logits are wanted
+        const int64_t first = op.tail && !in.logits_out ? n - 1 : 0;
+        switch (op.kind) {
+            case OpKind::Embed:
+                return embed(op.weight->type, (*w_)(op.weight), op.weight->row_bytes, op.weight->cols, tokens_.get(), n,
+                             row(Buf::X, 0), stream_);
+            case OpKind::RmsNorm:
+                return rms_norm(row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first), n - first,
+                                width(op.in), c_.norm_eps, stream_);
+            case OpKind::HeadRmsNorm:
+                return rms_norm(row(op.in, 0), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.in, 0), n * op.heads,
+                                c_.head_dim, c_.norm_eps, stream_);
+            case OpKind::MatMul: {
+                GemvArgs a{(*w_)(op.weight), op.weight->row_bytes, op.weight->rows, op.weight->cols, row(op.in, first),
+                           reinterpret_cast<const float*>((*w_)(op.bias)), row(op.out, first), op.accumulate};
+                a.n_tokens = n - first;
+                a.x_stride = width(op.in);
+                a.y_stride = width(op.out);
+                return gemv_launch(op.weight->type, a, stream_);
+            }
+            case OpKind::Rope:
+                if (op.in != Buf::Q) return;  // rope(Q) and rope(K) run as one launch, at rope(Q)
+                return rope(RopeArgs{row(Buf::Q, 0), row(Buf::K, 0), inv_freq_.get(), n, in.pos0, c_.rope_linear_scale,
+                                     static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv), static_cast<int>(c_.head_dim),
+                                     static_cast<int>(c_.rope_dim), c_.rope_style == RopeStyle::Neox},
+                            stream_);
+            case OpKind::KvStore:
+                return kv_store(row(Buf::K, 0), row(Buf::V, 0), kv_->k(op.layer), kv_->v(op.layer), n, in.pos0,
+                                kv_->layout.capacity, kv_->layout.kv_dim, stream_);
+            case OpKind::Attention:
+                return attention(AttentionArgs{row(op.in, 0), kv_->k(op.layer), kv_->v(op.layer), row(op.out, 0), n, in.pos0,
+                                               kv_->layout.capacity, c_.sliding_window, static_cast<int>(c_.n_head),
+                                               static_cast<int>(c_.n_head_kv), static_cast<int>(c_.head_dim)},
+                                 stream_);
+            case OpKind::SwiGLU: return swiglu(row(op.in, 0), row(Buf::UP, 0), n * width(op.in), stream_);
+        }
+    }
+
+    const ModelConfig& c_;
+    const Plan& plan_;
+    std::shared_ptr<DeviceModel> w_;
+    std::shared_ptr<DeviceKv> kv_;
+    const float* freq_factors_ = nullptr;
+    size_t offset_[kBufCount] = {};
+    int64_t width_[kBufCount] = {};
+    DevicePtr<float> arena_, inv_freq_;
+    DevicePtr<int32_t> tokens_;
+    std::unique_ptr<float, FreeHost> logits_;
+    cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<StepRunner> make_runner(const ModelConfig& config, const Plan& plan, std::shared_ptr<DeviceModel> weights,
+                                        std::shared_ptr<DeviceKv> kv) {
+    return std::make_unique<Runner>(config, plan, std::move(weights), std::move(kv));
+}
+
+}  // namespace edgerunner::cuda
