@@ -64,6 +64,8 @@ std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
     if (options.n_ctx < 0) throw std::invalid_argument("n_ctx must be positive (or 0 for the model's default)");
     if (options.prefill_chunk < 1) throw std::invalid_argument("prefill_chunk must be at least 1");
     if (options.n_threads < 0) throw std::invalid_argument("n_threads must be positive (or 0 for all cores)");
+    if (options.dispatch != "auto" && options.dispatch != "eager" && options.dispatch != "recorded")
+        throw std::invalid_argument("unknown dispatch mode '" + options.dispatch + "'; choose eager, recorded or auto");
     parse_kv_type(options.kv_type);
 
     std::shared_ptr<Model> model(new Model());
@@ -127,8 +129,9 @@ struct Session::Impl {
 #if defined(ER_HAVE_CUDA)
         if (mi.backend == "cuda") {
             device_kv = cuda::make_kv(kv);
-            decode = cuda::make_runner(model->config(), mi.decode_plan, mi.device, device_kv);
-            prefill = cuda::make_runner(model->config(), mi.prefill_plan, mi.device, device_kv);
+            const cuda::Dispatch dispatch = cuda::parse_dispatch(model->options().dispatch);
+            decode = cuda::make_runner(model->config(), mi.decode_plan, mi.device, device_kv, dispatch);
+            prefill = cuda::make_runner(model->config(), mi.prefill_plan, mi.device, device_kv, dispatch);
         }
 #endif
         if (mi.backend == "cpu") {

@@ -25,9 +25,14 @@ std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans);
 struct DeviceKv;
 std::shared_ptr<DeviceKv> make_kv(const KVCache& layout);
 
+// How a step reaches the GPU: "eager" launches each op every step; "recorded" captures the
+// one-token decode step once as a CUDA graph and replays it (prefill steps run eagerly).
+enum class Dispatch { Eager, Recorded };
+Dispatch parse_dispatch(const std::string& name);  // eager, recorded, auto (= recorded)
+
 // A prepared plan on the device: scratch allocated here, one stream, ops launched per step.
 std::unique_ptr<StepRunner> make_runner(const ModelConfig& config, const Plan& plan, std::shared_ptr<DeviceModel> weights,
-                                        std::shared_ptr<DeviceKv> kv);
+                                        std::shared_ptr<DeviceKv> kv, Dispatch dispatch);
 
 // Whether a CUDA device is present and usable (false, never an error, when there is none).
 bool available();

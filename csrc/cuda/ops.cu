@@ -51,7 +51,7 @@ __global__ void rope_kernel(RopeArgs a) {
     const int64_t t = blockIdx.x;
     const int h = blockIdx.y;
     float* x = h < a.n_head ? a.q + (t * a.n_head + h) * a.head_dim : a.k + (t * a.n_head_kv + (h - a.n_head)) * a.head_dim;
-    const float pos = static_cast<float>(a.pos0 + t) * a.pos_scale;
+    const float pos = static_cast<float>(*a.pos0 + t) * a.pos_scale;
     const int half = a.rope_dim / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const float theta = pos * a.inv_freq[i];
@@ -64,10 +64,10 @@ __global__ void rope_kernel(RopeArgs a) {
     }
 }
 
-__global__ void kv_store_kernel(const float* k, const float* v, __half* kc, __half* vc, int64_t pos0, int64_t capacity,
+__global__ void kv_store_kernel(const float* k, const float* v, __half* kc, __half* vc, const int64_t* pos0, int64_t capacity,
                                 int64_t kv_dim) {
     const int64_t t = blockIdx.x;
-    const int64_t slot = (pos0 + t) % capacity;
+    const int64_t slot = (*pos0 + t) % capacity;
     for (int64_t i = threadIdx.x; i < kv_dim; i += blockDim.x) {
         kc[slot * kv_dim + i] = __float2half_rn(k[t * kv_dim + i]);
         vc[slot * kv_dim + i] = __float2half_rn(v[t * kv_dim + i]);
@@ -84,7 +84,7 @@ __global__ void attention_kernel(AttentionArgs a) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int hd = a.head_dim, group = a.n_head / a.n_head_kv;
     const int64_t kv_dim = static_cast<int64_t>(a.n_head_kv) * hd;
-    const int64_t pos = a.pos0 + t;
+    const int64_t pos = *a.pos0 + t;
     const int64_t start = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
     const float* q = a.q + (t * a.n_head + h) * hd;
     const int64_t head_off = static_cast<int64_t>(h / group) * hd;
@@ -171,7 +171,7 @@ void rope(const RopeArgs& a, cudaStream_t stream) {
     ER_CUDA(cudaGetLastError());
 }
 
-void kv_store(const float* k, const float* v, __half* k_cache, __half* v_cache, int64_t n_tokens, int64_t pos0,
+void kv_store(const float* k, const float* v, __half* k_cache, __half* v_cache, int64_t n_tokens, const int64_t* pos0,
               int64_t capacity, int64_t kv_dim, cudaStream_t stream) {
     kv_store_kernel<<<static_cast<unsigned>(n_tokens), 256, 0, stream>>>(k, v, k_cache, v_cache, pos0, capacity, kv_dim);
     ER_CUDA(cudaGetLastError());

@@ -1,6 +1,10 @@
-// The CUDA backend's step runner: the plan's ops as kernel launches on one stream (eager
-// dispatch), weights and KV cache resident in device memory, scratch allocated once here.
+// The CUDA backend's step runner: the plan's ops as kernel launches on one stream, weights and
+// KV cache resident in device memory, scratch allocated once here. Per-step values (the first
+// position, the tokens) live in a device step block that one copy from pinned memory fills, so
+// the decode step can be recorded once as a CUDA graph and replayed ("recorded" dispatch);
+// "eager" launches every op each step.
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -80,10 +84,19 @@ std::shared_ptr<DeviceKv> make_kv(const KVCache& layout) {
 
 namespace {
 
+// The step block: what changes from one step to the next.
+struct StepBlock {
+    int64_t pos0;
+    int32_t tokens[1];  // max_tokens of them (allocated past the struct)
+};
+
+size_t step_block_bytes(int64_t max_tokens) { return sizeof(StepBlock) + static_cast<size_t>(max_tokens) * sizeof(int32_t); }
+
 class Runner final : public StepRunner {
 public:
-    Runner(const ModelConfig& c, const Plan& plan, std::shared_ptr<DeviceModel> weights, std::shared_ptr<DeviceKv> kv)
-        : c_(c), plan_(plan), w_(std::move(weights)), kv_(std::move(kv)) {
+    Runner(const ModelConfig& c, const Plan& plan, std::shared_ptr<DeviceModel> weights, std::shared_ptr<DeviceKv> kv,
+           Dispatch dispatch)
+        : c_(c), plan_(plan), w_(std::move(weights)), kv_(std::move(kv)), dispatch_(dispatch) {
         for (const Op& op : plan_.ops) {
             if (op.kind == OpKind::MatMul) {
                 gemv_check(op.weight->type);
@@ -100,7 +113,10 @@ public:
             total += static_cast<size_t>(widths[b] * plan_.max_tokens);
         }
         arena_ = device_alloc<float>(total);
-        tokens_ = device_alloc<int32_t>(static_cast<size_t>(plan_.max_tokens));
+        block_ = device_alloc<uint8_t>(step_block_bytes(plan_.max_tokens));
+        void* pinned = nullptr;
+        ER_CUDA(cudaMallocHost(&pinned, step_block_bytes(plan_.max_tokens)));
+        host_block_.reset(static_cast<StepBlock*>(pinned));
         // RoPE inverse frequencies exactly as the CPU backend computes them (float32 pow).
         std::vector<float> inv(static_cast<size_t>(c_.rope_dim / 2));
         for (int64_t i = 0; i < c_.rope_dim / 2; ++i) {
@@ -114,28 +130,51 @@ public:
         ER_CUDA(cudaMallocHost(&host, static_cast<size_t>(c_.n_vocab) * sizeof(float)));
         logits_.reset(host);
     }
-    ~Runner() override { cudaStreamDestroy(stream_); }
+    ~Runner() override {
+        if (graph_) cudaGraphExecDestroy(graph_);
+        cudaStreamDestroy(stream_);
+    }
 
     const float* logits() const override { return logits_.get(); }
     int64_t max_tokens() const override { return plan_.max_tokens; }
 
     void run(const StepInputs& in) override {
         const int64_t n = in.n_tokens;
-        ER_CUDA(cudaMemcpyAsync(tokens_.get(), in.tokens, static_cast<size_t>(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+        host_block_->pos0 = in.pos0;
+        std::memcpy(host_block_->tokens, in.tokens, static_cast<size_t>(n) * sizeof(int32_t));
+        const bool replayable = dispatch_ == Dispatch::Recorded && n == 1 && !in.logits_out;
+        if (replayable && !graph_) {  // record the one-token step once
+            cudaGraph_t graph = nullptr;
+            ER_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+            enqueue(in);
+            ER_CUDA(cudaStreamEndCapture(stream_, &graph));
+            const cudaError_t status = cudaGraphInstantiate(&graph_, graph, 0);
+            cudaGraphDestroy(graph);
+            ER_CUDA(status);
+        }
+        if (replayable) ER_CUDA(cudaGraphLaunch(graph_, stream_));
+        else enqueue(in);
+        ER_CUDA(cudaStreamSynchronize(stream_));
+    }
+
+private:
+    // The whole step on the stream: step block in, every op, logits out.
+    void enqueue(const StepInputs& in) {
+        const int64_t n = in.n_tokens, vocab = c_.n_vocab;
+        ER_CUDA(cudaMemcpyAsync(block_.get(), host_block_.get(), step_block_bytes(n), cudaMemcpyHostToDevice, stream_));
         for (const Op& op : plan_.ops) exec(op, in);
-        const int64_t vocab = c_.n_vocab;
         if (in.logits_out)
             ER_CUDA(cudaMemcpyAsync(in.logits_out, row(Buf::LOGITS, 0), static_cast<size_t>(n * vocab) * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream_));
         else
             ER_CUDA(cudaMemcpyAsync(logits_.get(), row(Buf::LOGITS, n - 1), static_cast<size_t>(vocab) * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream_));
-        ER_CUDA(cudaStreamSynchronize(stream_));
     }
+    const int64_t* pos0() const { return &reinterpret_cast<const StepBlock*>(block_.get())->pos0; }
+    const int32_t* tokens() const { return reinterpret_cast<const StepBlock*>(block_.get())->tokens; }
 
-private:
     struct FreeHost {
-        void operator()(float* p) const noexcept { cudaFreeHost(p); }
+        void operator()(void* p) const noexcept { cudaFreeHost(p); }
     };
 
     static void gemv_check(TensorType type) {
@@ -150,7 +189,7 @@ private:
         const int64_t first = op.tail && !in.logits_out ? n - 1 : 0;
         switch (op.kind) {
             case OpKind::Embed:
-                return embed(op.weight->type, (*w_)(op.weight), op.weight->row_bytes, op.weight->cols, tokens_.get(), n,
+                return embed(op.weight->type, (*w_)(op.weight), op.weight->row_bytes, op.weight->cols, tokens(), n,
                              row(Buf::X, 0), stream_);
             case OpKind::RmsNorm:
                 return rms_norm(row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first), n - first,
@@ -168,15 +207,15 @@ private:
             }
             case OpKind::Rope:
                 if (op.in != Buf::Q) return;  // rope(Q) and rope(K) run as one launch, at rope(Q)
-                return rope(RopeArgs{row(Buf::Q, 0), row(Buf::K, 0), inv_freq_.get(), n, in.pos0, c_.rope_linear_scale,
+                return rope(RopeArgs{row(Buf::Q, 0), row(Buf::K, 0), inv_freq_.get(), n, pos0(), c_.rope_linear_scale,
                                      static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv), static_cast<int>(c_.head_dim),
                                      static_cast<int>(c_.rope_dim), c_.rope_style == RopeStyle::Neox},
                             stream_);
             case OpKind::KvStore:
-                return kv_store(row(Buf::K, 0), row(Buf::V, 0), kv_->k(op.layer), kv_->v(op.layer), n, in.pos0,
+                return kv_store(row(Buf::K, 0), row(Buf::V, 0), kv_->k(op.layer), kv_->v(op.layer), n, pos0(),
                                 kv_->layout.capacity, kv_->layout.kv_dim, stream_);
             case OpKind::Attention:
-                return attention(AttentionArgs{row(op.in, 0), kv_->k(op.layer), kv_->v(op.layer), row(op.out, 0), n, in.pos0,
+                return attention(AttentionArgs{row(op.in, 0), kv_->k(op.layer), kv_->v(op.layer), row(op.out, 0), n, pos0(),
                                                kv_->layout.capacity, c_.sliding_window, static_cast<int>(c_.n_head),
                                                static_cast<int>(c_.n_head_kv), static_cast<int>(c_.head_dim)},
                                  stream_);
@@ -191,17 +230,26 @@ private:
     const float* freq_factors_ = nullptr;
     size_t offset_[kBufCount] = {};
     int64_t width_[kBufCount] = {};
+    Dispatch dispatch_;
     DevicePtr<float> arena_, inv_freq_;
-    DevicePtr<int32_t> tokens_;
+    DevicePtr<uint8_t> block_;                      // the device step block
+    std::unique_ptr<StepBlock, FreeHost> host_block_;  // its pinned staging copy
     std::unique_ptr<float, FreeHost> logits_;
     cudaStream_t stream_ = nullptr;
+    cudaGraphExec_t graph_ = nullptr;  // the recorded one-token step
 };
 
 }  // namespace
 
+Dispatch parse_dispatch(const std::string& name) {
+    if (name == "eager") return Dispatch::Eager;
+    if (name == "recorded" || name == "auto") return Dispatch::Recorded;
+    throw std::invalid_argument("unknown dispatch mode '" + name + "'; choose eager, recorded or auto");
+}
+
 std::unique_ptr<StepRunner> make_runner(const ModelConfig& config, const Plan& plan, std::shared_ptr<DeviceModel> weights,
-                                        std::shared_ptr<DeviceKv> kv) {
-    return std::make_unique<Runner>(config, plan, std::move(weights), std::move(kv));
+                                        std::shared_ptr<DeviceKv> kv, Dispatch dispatch) {
+    return std::make_unique<Runner>(config, plan, std::move(weights), std::move(kv), dispatch);
 }
 
 }  // namespace edgerunner::cuda

@@ -51,9 +51,10 @@ void bind_engine(nb::module_& m) {
 
     nb::class_<Model>(m, "Model")
         .def_static("load", [](const std::string& path, int64_t n_ctx, const std::string& kv_type, bool precise,
-                               int n_threads, int64_t prefill_chunk, const std::string& backend) {
+                               int n_threads, int64_t prefill_chunk, const std::string& backend, const std::string& dispatch) {
             LoadOptions o;
             o.backend = backend;
+            o.dispatch = dispatch;
             o.n_ctx = n_ctx;
             o.kv_type = kv_type;
             o.precise = precise;
@@ -62,7 +63,7 @@ void bind_engine(nb::module_& m) {
             nb::gil_scoped_release release;
             return Model::load(path, o);
         }, nb::arg("path"), nb::arg("n_ctx") = 0, nb::arg("kv_type") = "f16", nb::arg("precise") = false,
-           nb::arg("n_threads") = 0, nb::arg("prefill_chunk") = 256, nb::arg("backend") = "auto")
+           nb::arg("n_threads") = 0, nb::arg("prefill_chunk") = 256, nb::arg("backend") = "auto", nb::arg("dispatch") = "auto")
         .def_prop_ro("backend", &Model::backend)
         .def_prop_ro("config", [](const Model& mo) { return config_dict(mo.config()); })
         .def_prop_ro("n_ctx", &Model::n_ctx)

@@ -57,7 +57,7 @@ class Model:
     @classmethod
     def load(cls, source: str | os.PathLike[str] | None = None, *, n_ctx: int | None = None,
              kv_type: str = "f16", precise: bool = False, threads: int | None = None,
-             prefill_chunk: int = 256, backend: str = "auto") -> Model:
+             prefill_chunk: int = 256, backend: str = "auto", dispatch: str = "auto") -> Model:
         """Load a model.
 
         Args:
@@ -71,6 +71,9 @@ class Model:
             prefill_chunk: tokens per prefill step.
             backend: ``"cpu"``, ``"cuda"`` (a build with the CUDA backend and an NVIDIA GPU), or
                 ``"auto"``: CUDA where it is available (and not ``precise``), else the CPU.
+            dispatch: how GPU steps are issued: ``"eager"`` (a launch per op), ``"recorded"``
+                (the decode step captured once as a CUDA graph and replayed) or ``"auto"``
+                (recorded). Ignored by the CPU backend.
 
         Raises:
             FileNotFoundError, edgerunner.GGUFError (malformed file), ValueError (unsupported
@@ -81,7 +84,8 @@ class Model:
         path = str(builtin_models.resolve(source, progress=_progress))
         file = gguf.open(path)
         native = _core.Model.load(path, n_ctx=int(n_ctx or 0), kv_type=kv_type, precise=precise,
-                                  n_threads=int(threads or 0), prefill_chunk=int(prefill_chunk), backend=backend)
+                                  n_threads=int(threads or 0), prefill_chunk=int(prefill_chunk), backend=backend,
+                                  dispatch=dispatch)
         return cls(path, native, file, Tokenizer.from_gguf(file), ChatTemplate.from_gguf(file))
 
     # ---- facts ---------------------------------------------------------------------------
