@@ -1,12 +1,14 @@
 """End-to-end benchmark, like llama-bench: prefill of N tokens (pp) and decode of M tokens (tg).
 
     python -m bench MODEL [MODEL ...] [--threads 2] [--pp 512] [--tg 128] [--reps 5]
+                    [--backend cpu|cuda] [--dispatch eager,recorded]
                     [--peer PATH/llama-bench] [--json out.json]
 
 MODEL is a .gguf path or a built-in name. Each figure is the mean ± standard deviation over
 --reps repetitions after one warm-up. With --peer, llama.cpp's llama-bench runs on the same
 file in the same run and the table shows ours / peer. Decode is also shown as a share of the
-read-bandwidth roofline: weight bytes read per token / this machine's measured bandwidth.
+read-bandwidth roofline: weight bytes read per token / this machine's measured bandwidth
+(on CUDA: the device's copy bandwidth). --dispatch takes several GPU dispatch modes, each a row.
 Memory is the process's resident set after load and a 16-token warm-up (weights, KV cache,
 scratch for --chunk tokens) against the file size plus the KV cache.
 """
@@ -53,10 +55,10 @@ def stats(values: list[float]) -> dict[str, float]:
             "values": values}
 
 
-def bench_ours(path: str, args: argparse.Namespace) -> dict[str, Any]:
+def bench_ours(path: str, args: argparse.Namespace, dispatch: str = "auto") -> dict[str, Any]:
     rss0 = rss_bytes()
     model = _core.Model.load(path, n_ctx=max(args.pp, args.tg) + 8, n_threads=args.threads, kv_type=args.kv_type,
-                             prefill_chunk=args.chunk)
+                             prefill_chunk=args.chunk, backend=args.backend, dispatch=dispatch)
     session = _core.Session(model)
     n_vocab = model.config["n_vocab"]
     rng = np.random.default_rng(0)
@@ -90,6 +92,8 @@ def bench_ours(path: str, args: argparse.Namespace) -> dict[str, Any]:
 def bench_peer(peer: str, path: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [peer, "-m", path, "-p", str(args.pp), "-n", str(args.tg), "-t", str(args.threads),
            "-r", str(args.reps), "-o", "json"]
+    if args.backend == "cuda":
+        cmd += ["-ngl", "99", "-fa", "1"]  # all layers on the GPU, flash attention on
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     result: dict[str, Any] = {"command": " ".join(cmd)}
     for row in json.loads(out):
@@ -114,14 +118,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--chunk", type=int, default=512, help="prefill chunk (tokens per step)")
     p.add_argument("--kv-type", default="f16")
+    p.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dispatch", default="recorded", help="GPU dispatch modes, comma-separated: eager, recorded")
     p.add_argument("--peer", help="llama.cpp's llama-bench binary, run on the same files")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
 
-    bandwidth = _core.read_bandwidth(1 << 30, args.threads, 5)
-    report: dict[str, Any] = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
+    if args.backend == "cuda":
+        if not _core.cuda_available():
+            p.error(f"--backend cuda: {_core.cuda_device()}")
+        bandwidth = _core.cuda_copy_bandwidth(1 << 31, 5)
+        machine = _core.cuda_device()
+        print(f"{machine}: copy bandwidth {bandwidth:.0f} GB/s\n")
+    else:
+        bandwidth = _core.read_bandwidth(1 << 30, args.threads, 5)
+        machine = platform.processor() or platform.machine()
+        print(f"read bandwidth ({args.threads} threads): {bandwidth:.1f} GB/s; kernels: {_core.cpu_isa()}\n")
+    dispatches = args.dispatch.split(",") if args.backend == "cuda" else ["auto"]
+    report: dict[str, Any] = {"machine": machine, "backend": args.backend, "threads": args.threads,
                               "read_bandwidth_gbs": bandwidth, "pp": args.pp, "tg": args.tg, "models": []}
-    print(f"read bandwidth ({args.threads} threads): {bandwidth:.1f} GB/s; kernels: {_core.cpu_isa()}\n")
     print(f"| model | ours pp{args.pp} tok/s | ours tg{args.tg} tok/s | roofline % | RSS / (file + KV) |"
           + (f" peer pp{args.pp} | peer tg{args.tg} | pp ratio | tg ratio |" if args.peer else ""))
     print("| --- | --- | --- | --- | --- |" + (" --- | --- | --- | --- |" if args.peer else ""))
@@ -129,22 +144,24 @@ def main(argv: list[str] | None = None) -> int:
         path = str(builtin_models.resolve(source))
         f = gguf.open(path)
         per_token = weight_bytes_per_token(f)
-        ours = bench_ours(path, args)
         roofline = bandwidth * 1e9 / per_token
-        row: dict[str, Any] = {"model": os.path.basename(path), "file_size": f.file_size,
-                               "weight_bytes_per_token": per_token, "roofline_tok_s": roofline, "ours": ours}
-        memory = ours["rss_after_load"] / (f.file_size + ours["kv_bytes"])
-        line = (f"| {row['model']} | {fmt(ours['pp'])} | {fmt(ours['tg'])} | "
-                f"{100 * ours['tg']['mean'] / roofline:.0f} % of {roofline:.0f} | "
-                f"{ours['rss_after_load'] / 2**20:.0f} MiB ({memory:.2f} ×) |")
-        if args.peer:
-            peer = bench_peer(args.peer, path, args)
-            row["peer"] = peer
-            row["ratio"] = {k: ours[k]["mean"] / peer[k]["mean"] for k in ("pp", "tg")}
-            line += (f" {fmt(peer['pp'])} | {fmt(peer['tg'])} | {row['ratio']['pp']:.2f} × |"
-                     f" {row['ratio']['tg']:.2f} × |")
-        print(line, flush=True)
-        report["models"].append(row)
+        peer = bench_peer(args.peer, path, args) if args.peer else None
+        for dispatch in dispatches:
+            ours = bench_ours(path, args, dispatch)
+            label = os.path.basename(path) + (f" ({dispatch})" if args.backend == "cuda" else "")
+            row: dict[str, Any] = {"model": label, "file_size": f.file_size, "dispatch": dispatch,
+                                   "weight_bytes_per_token": per_token, "roofline_tok_s": roofline, "ours": ours}
+            memory = ours["rss_after_load"] / (f.file_size + ours["kv_bytes"])
+            line = (f"| {label} | {fmt(ours['pp'])} | {fmt(ours['tg'])} | "
+                    f"{100 * ours['tg']['mean'] / roofline:.0f} % of {roofline:.0f} | "
+                    f"{ours['rss_after_load'] / 2**20:.0f} MiB ({memory:.2f} ×) |")
+            if peer:
+                row["peer"] = peer
+                row["ratio"] = {k: ours[k]["mean"] / peer[k]["mean"] for k in ("pp", "tg")}
+                line += (f" {fmt(peer['pp'])} | {fmt(peer['tg'])} | {row['ratio']['pp']:.2f} × |"
+                         f" {row['ratio']['tg']:.2f} × |")
+            print(line, flush=True)
+            report["models"].append(row)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=2)

@@ -39,6 +39,10 @@ bool available();
 // "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)", or the reason there is no device.
 std::string describe();
 
+// Device-to-device copy bandwidth in GB/s (bytes read + written per second), best of `reps`
+// copies of n_bytes: the decode roofline's denominator.
+double copy_bandwidth(size_t n_bytes, int reps);
+
 // Weight types the GEMV kernels read in their raw blocks.
 bool gemv_supports(TensorType type);
 

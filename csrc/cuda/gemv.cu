@@ -2,6 +2,7 @@
 // 32-element units (quant_unit.cuh), a shuffle reduction, one store (or add, for the residual).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -107,6 +108,27 @@ std::vector<float> gemv(TensorType type, const uint8_t* rows, int64_t n_rows, si
     std::vector<float> y(static_cast<size_t>(n_rows));
     ER_CUDA(cudaMemcpy(y.data(), yd.get(), y.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return y;
+}
+
+double copy_bandwidth(size_t n_bytes, int reps) {
+    auto a = device_alloc<uint8_t>(n_bytes), b = device_alloc<uint8_t>(n_bytes);
+    ER_CUDA(cudaMemset(a.get(), 1, n_bytes));
+    cudaEvent_t start, stop;
+    ER_CUDA(cudaEventCreate(&start));
+    ER_CUDA(cudaEventCreate(&stop));
+    float best = 1e30f;
+    for (int i = 0; i < reps + 1; ++i) {  // the first copy warms up
+        ER_CUDA(cudaEventRecord(start));
+        ER_CUDA(cudaMemcpy(b.get(), a.get(), n_bytes, cudaMemcpyDeviceToDevice));
+        ER_CUDA(cudaEventRecord(stop));
+        ER_CUDA(cudaEventSynchronize(stop));
+        float ms = 0;
+        ER_CUDA(cudaEventElapsedTime(&ms, start, stop));
+        if (i) best = std::min(best, ms);
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return 2.0 * static_cast<double>(n_bytes) / (best * 1e-3) / 1e9;
 }
 
 bool available() {

@@ -20,6 +20,10 @@ void bind_cuda(nb::module_& m) {
     m.attr("cuda_built") = true;
     m.def("cuda_available", &cuda::available, "Whether this build has the CUDA backend and a CUDA device is present.");
     m.def("cuda_device", &cuda::describe);
+    m.def("cuda_copy_bandwidth", [](size_t n_bytes, int reps) {
+        nb::gil_scoped_release release;
+        return cuda::copy_bandwidth(n_bytes, reps);
+    }, nb::arg("n_bytes") = size_t(1) << 30, nb::arg("reps") = 5, "Device-to-device copy bandwidth, GB/s (read + write).");
     m.def("cuda_gemv", [](uint32_t type_id, nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig> rows,
                           nb::ndarray<const float, nb::ndim<1>, nb::c_contig> x) {
         auto info = tensor_type_info(type_id);
