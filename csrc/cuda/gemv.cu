@@ -1,5 +1,6 @@
 // Quantized matrix-vector products: one warp per weight row, lanes striding over the row's
-// 32-element units (quant_unit.cuh), a shuffle reduction, one store (or add, for the residual).
+// 32-element units (four lanes to a unit for the common formats, quant_quarter.cuh; one lane
+// to a unit otherwise, quant_unit.cuh), a shuffle reduction, one store (or add: the residual).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,7 +11,7 @@
 #include "check.cuh"
 #include "cuda.h"
 #include "gemv.cuh"
-#include "quant_unit.cuh"
+#include "quant_quarter.cuh"
 
 namespace edgerunner::cuda {
 
@@ -32,7 +33,13 @@ __global__ void gemv_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int
     if (row >= rows) return;
     const uint8_t* r = w + static_cast<size_t>(row) * row_bytes;
     float sum = 0.0f;
-    for (int64_t u = lane; u < cols / 32; u += 32) sum += Unit<T>::dot(r, u, x + 32 * u);
+    if constexpr (Quarter<T>::kFast) {
+        // lanes 4i..4i+3 share unit i of the warp's 8: quarters side by side in memory
+        const int k = lane % 4;
+        for (int64_t u = lane / 4; u < cols / 32; u += 8) sum += Quarter<T>::dot(r, u, k, x + 32 * u);
+    } else {
+        for (int64_t u = lane; u < cols / 32; u += 32) sum += Unit<T>::dot(r, u, x + 32 * u);
+    }
     sum = warp_sum(sum);
     if (lane == 0) {
         if (bias) sum += bias[row];

@@ -109,8 +109,8 @@ public:
         size_t total = 0;
         for (int b = 0; b < kBufCount; ++b) {
             width_[b] = widths[b];
-            offset_[b] = total;
-            total += static_cast<size_t>(widths[b] * plan_.max_tokens);
+            offset_[b] = total;  // 256-byte aligned: kernels read rows as float4
+            total += (static_cast<size_t>(widths[b] * plan_.max_tokens) + 63) / 64 * 64;
         }
         arena_ = device_alloc<float>(total);
         block_ = device_alloc<uint8_t>(step_block_bytes(plan_.max_tokens));
