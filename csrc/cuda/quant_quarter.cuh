@@ -39,73 +39,79 @@ __device__ __forceinline__ float five4(uint32_t w, int shift, uint32_t qh, int b
     return s;
 }
 
+// Quarter<T>::x0(k), x1(k): where the quarter's two runs of 4 activations start in the unit;
+// dot(row, u, k, a, b) takes those 8 activations already loaded (a warp working on several
+// rows loads them once).
 template <TensorType T>
 struct Quarter {
     static constexpr bool kFast = false;
 };
 
-template <>
-struct Quarter<TensorType::Q4_0> {
+struct NibbleQuarter {  // elements 4k..4k+3 (low nibbles) and 16 + 4k.. (high nibbles)
     static constexpr bool kFast = true;
-    static __device__ float dot(const uint8_t* row, int64_t u, int k, const float* x) {
+    static __device__ int x0(int k) { return 4 * k; }
+    static __device__ int x1(int k) { return 16 + 4 * k; }
+};
+struct LinearQuarter {  // elements 8k..8k+7
+    static constexpr bool kFast = true;
+    static __device__ int x0(int k) { return 8 * k; }
+    static __device__ int x1(int k) { return 8 * k + 4; }
+};
+
+template <>
+struct Quarter<TensorType::Q4_0> : NibbleQuarter {
+    static __device__ float dot(const uint8_t* row, int64_t u, int k, float4 lo, float4 hi) {
         const block_q4_0& b = reinterpret_cast<const block_q4_0*>(row)[u];
         const uint32_t w = ld32(b.qs + 4 * k);
-        return h2f(b.d) * (nib4(w, 0, ldx(x + 4 * k), 8.0f) + nib4(w, 4, ldx(x + 16 + 4 * k), 8.0f));
+        return h2f(b.d) * (nib4(w, 0, lo, 8.0f) + nib4(w, 4, hi, 8.0f));
     }
 };
 
 template <>
-struct Quarter<TensorType::Q4_1> {
-    static constexpr bool kFast = true;
-    static __device__ float dot(const uint8_t* row, int64_t u, int k, const float* x) {
+struct Quarter<TensorType::Q4_1> : NibbleQuarter {
+    static __device__ float dot(const uint8_t* row, int64_t u, int k, float4 lo, float4 hi) {
         const block_q4_1& b = reinterpret_cast<const block_q4_1*>(row)[u];
         const uint32_t w = ld32(b.qs + 4 * k);
-        const float4 lo = ldx(x + 4 * k), hi = ldx(x + 16 + 4 * k);
         return h2f(b.d) * (nib4(w, 0, lo, 0.0f) + nib4(w, 4, hi, 0.0f)) + h2f(b.m) * (sum4(lo) + sum4(hi));
     }
 };
 
 template <>
-struct Quarter<TensorType::Q5_0> {
-    static constexpr bool kFast = true;
-    static __device__ float dot(const uint8_t* row, int64_t u, int k, const float* x) {
+struct Quarter<TensorType::Q5_0> : NibbleQuarter {
+    static __device__ float dot(const uint8_t* row, int64_t u, int k, float4 lo, float4 hi) {
         const block_q5_0& b = reinterpret_cast<const block_q5_0*>(row)[u];
         const uint32_t w = ld32(b.qs + 4 * k), qh = ld32(b.qh);
-        return h2f(b.d) * (five4(w, 0, qh, 4 * k, ldx(x + 4 * k), 16.0f) + five4(w, 4, qh, 16 + 4 * k, ldx(x + 16 + 4 * k), 16.0f));
+        return h2f(b.d) * (five4(w, 0, qh, 4 * k, lo, 16.0f) + five4(w, 4, qh, 16 + 4 * k, hi, 16.0f));
     }
 };
 
 template <>
-struct Quarter<TensorType::Q5_1> {
-    static constexpr bool kFast = true;
-    static __device__ float dot(const uint8_t* row, int64_t u, int k, const float* x) {
+struct Quarter<TensorType::Q5_1> : NibbleQuarter {
+    static __device__ float dot(const uint8_t* row, int64_t u, int k, float4 lo, float4 hi) {
         const block_q5_1& b = reinterpret_cast<const block_q5_1*>(row)[u];
         const uint32_t w = ld32(b.qs + 4 * k), qh = ld32(b.qh);
-        const float4 lo = ldx(x + 4 * k), hi = ldx(x + 16 + 4 * k);
         return h2f(b.d) * (five4(w, 0, qh, 4 * k, lo, 0.0f) + five4(w, 4, qh, 16 + 4 * k, hi, 0.0f)) + h2f(b.m) * (sum4(lo) + sum4(hi));
     }
 };
 
 template <>
-struct Quarter<TensorType::Q8_0> {
-    static constexpr bool kFast = true;
-    static __device__ float dot(const uint8_t* row, int64_t u, int k, const float* x) {
+struct Quarter<TensorType::Q8_0> : LinearQuarter {
+    static __device__ float dot(const uint8_t* row, int64_t u, int k, float4 x0, float4 x1) {
         const block_q8_0& b = reinterpret_cast<const block_q8_0*>(row)[u];
         const uint8_t* q = reinterpret_cast<const uint8_t*>(b.qs) + 8 * k;
-        return h2f(b.d) * (s8x4(ld32(q), ldx(x + 8 * k)) + s8x4(ld32(q + 4), ldx(x + 8 * k + 4)));
+        return h2f(b.d) * (s8x4(ld32(q), x0) + s8x4(ld32(q + 4), x1));
     }
 };
 
 // Q4_K / Q5_K: unit j = sub-block j; quarter k = its elements 8k..8k+7.
 template <typename Block, bool kFiveBit>
-__device__ __forceinline__ float q45_k_quarter(const uint8_t* row, int64_t u, int k, const float* x) {
+__device__ __forceinline__ float q45_k_quarter(const uint8_t* row, int64_t u, int k, float4 x0, float4 x1) {
     const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
     const int j = static_cast<int>(u % 8);
     int sc, m;
     k_scale_min(b.scales, j, &sc, &m);
     const uint8_t* q = b.qs + (j / 2) * 32 + 8 * k;
     const int shift = 4 * (j % 2);
-    const float4 x0 = ldx(x + 8 * k), x1 = ldx(x + 8 * k + 4);
     float qx;
     if constexpr (kFiveBit) {
         // bit j of qh[l] for l = 8k..8k+7, gathered into a word per 4 bytes
@@ -120,21 +126,18 @@ __device__ __forceinline__ float q45_k_quarter(const uint8_t* row, int64_t u, in
 }
 
 template <>
-struct Quarter<TensorType::Q4_K> {
-    static constexpr bool kFast = true;
-    static __device__ float dot(const uint8_t* row, int64_t u, int k, const float* x) { return q45_k_quarter<block_q4_K, false>(row, u, k, x); }
+struct Quarter<TensorType::Q4_K> : LinearQuarter {
+    static __device__ float dot(const uint8_t* row, int64_t u, int k, float4 a, float4 b) { return q45_k_quarter<block_q4_K, false>(row, u, k, a, b); }
 };
 template <>
-struct Quarter<TensorType::Q5_K> {
-    static constexpr bool kFast = true;
-    static __device__ float dot(const uint8_t* row, int64_t u, int k, const float* x) { return q45_k_quarter<block_q5_K, true>(row, u, k, x); }
+struct Quarter<TensorType::Q5_K> : LinearQuarter {
+    static __device__ float dot(const uint8_t* row, int64_t u, int k, float4 a, float4 b) { return q45_k_quarter<block_q5_K, true>(row, u, k, a, b); }
 };
 
 // Q6_K: unit j = h·4 + s; quarter k = elements l = 8k..8k+7 (scale h·8 + s·2 + k/2).
 template <>
-struct Quarter<TensorType::Q6_K> {
-    static constexpr bool kFast = true;
-    static __device__ float dot(const uint8_t* row, int64_t u, int k, const float* x) {
+struct Quarter<TensorType::Q6_K> : LinearQuarter {
+    static __device__ float dot(const uint8_t* row, int64_t u, int k, float4 x0, float4 x1) {
         const block_q6_K& b = reinterpret_cast<const block_q6_K*>(row)[u / 8];
         const int j = static_cast<int>(u % 8), h = j / 4, s = j % 4;
         const uint8_t* ql = b.ql + h * 64 + (s % 2) * 32 + 8 * k;
@@ -144,7 +147,7 @@ struct Quarter<TensorType::Q6_K> {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const uint32_t lo = ld32(ql + 4 * half), hi = ld32(qh + 4 * half);
-            const float4 xv = ldx(x + 8 * k + 4 * half);
+            const float4 xv = half ? x1 : x0;
             const float xs[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
