@@ -15,8 +15,8 @@ pytestmark = pytest.mark.skipif(not _core.cuda_available(), reason=_core.cuda_de
 
 @pytest.mark.parametrize("case", IDS)
 def test_cuda_logits_close_to_float64_reference(tiny_models, case):
-    """float32 activations and an fp16 KV cache: the cache's rounding (2^-11 relative) is the
-    largest error; over two layers the logits stay within 1% of the logit range."""
+    """int8 activations into the quantized matmuls (as the CPU's fast path) and an fp16 KV cache:
+    over two layers the logits stay within 3% of the logit range, the CPU fast path's bound."""
     path, seed = tiny_models[case]
     ref = ReferenceModel(path)
     model = _core.Model.load(str(path), backend="cuda", prefill_chunk=16)
@@ -26,7 +26,7 @@ def test_cuda_logits_close_to_float64_reference(tiny_models, case):
     got = _core.Session(model).eval_all(ids)
     scale = np.abs(want).max()
     err = np.abs(got - want).max()
-    assert err <= 0.01 * scale, f"{case} seed {seed}: max |Δ| {err:.3g} vs |logit| max {scale:.3g}"
+    assert err <= 0.03 * scale, f"{case} seed {seed}: max |Δ| {err:.3g} vs |logit| max {scale:.3g}"
 
 
 def test_cuda_modes_agree_with_one_prefill(tmp_path):

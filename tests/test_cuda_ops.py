@@ -3,7 +3,9 @@ build with -C cmake.define.EDGERUNNER_CUDA=ON; skipped elsewhere).
 
 GEMV: every weight type the CPU reads, random blocks, odd row counts and column counts that
 are not a multiple of 256 where the format allows, against float64 arithmetic on the
-dequantized weights (gguf's own dequantizers through edgerunner.quants)."""
+dequantized weights (gguf's own dequantizers through edgerunner.quants) and the float
+activations. Types whose kernel takes int8 activations (d = max|x| / 127 per 32 values) carry
+that rounding too: at most d/2 per value."""
 
 from __future__ import annotations
 
@@ -39,4 +41,7 @@ def test_gemv_equals_float64(name):
         ref = w @ x.astype(np.float64)
         # float32 products summed in float32: within n · 2^-24 of Σ|w x| per row
         bound = n * 2.0**-24 * (np.abs(w) @ np.abs(x.astype(np.float64))) + 1e-30
+        if _core.cuda_gemv_int8(type_id):  # + Σ_blocks (max|x_b| / 254) · Σ_b |w|
+            half_step = np.repeat(np.abs(x.reshape(-1, 32)).max(axis=1) / 254.0, 32).astype(np.float64)
+            bound = bound * 4 + np.abs(w) @ half_step
         assert np.all(np.abs(y - ref) <= bound), f"{name} rows={n_rows} n={n} seed {seed}: max err {np.max(np.abs(y - ref) / bound)} × bound"

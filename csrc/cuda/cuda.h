@@ -43,8 +43,10 @@ std::string describe();
 // copies of n_bytes: the decode roofline's denominator.
 double copy_bandwidth(size_t n_bytes, int reps);
 
-// Weight types the GEMV kernels read in their raw blocks.
+// Weight types the GEMV kernels read in their raw blocks, and those whose kernel takes int8
+// activations (quantized once per step, 32 per scale) rather than floats.
 bool gemv_supports(TensorType type);
+bool gemv_wants_q8(TensorType type);
 
 // y = W · x on the device, for the backend-ops tests and the kernel benchmarks: W is n_rows
 // rows of row_bytes raw blocks (n columns), x has n floats. Uploads, runs, reads back.

@@ -26,10 +26,12 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <TensorType T, int R, int NT>
 __global__ void gemv_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t cols,
                             const float* __restrict__ x, const float* __restrict__ bias, float* __restrict__ y,
-                            bool accumulate, int64_t n_tokens, int64_t x_stride, int64_t y_stride) {
+                            bool accumulate, int64_t n_tokens, int64_t x_stride, int64_t y_stride,
+                            const QBlock* __restrict__ xq, int64_t xq_stride) {
     const int64_t t0 = static_cast<int64_t>(blockIdx.y) * NT;
     const int nt = static_cast<int>(n_tokens - t0 < NT ? n_tokens - t0 : NT);
     x += t0 * x_stride;
+    xq += t0 * xq_stride;
     y += t0 * y_stride;
     const int lane = threadIdx.x % 32;
     const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32) * R;
@@ -46,10 +48,9 @@ __global__ void gemv_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 if (t >= nt) break;
-                const float* xu = x + t * x_stride + 32 * u;
-                const float4 a = ldx(xu + Quarter<T>::x0(k)), b = ldx(xu + Quarter<T>::x1(k));
+                const QBlock& a = xq[t * xq_stride + u];
 #pragma unroll
-                for (int i = 0; i < R; ++i) sum[i][t] += Quarter<T>::dot(r[i], u, k, a, b);
+                for (int i = 0; i < R; ++i) sum[i][t] += Quarter<T>::dot(r[i], u, k, a);
             }
     } else {
         for (int64_t u = lane; u < cols / 32; u += 32)
@@ -86,12 +87,13 @@ void launch(const GemvArgs& a, cudaStream_t stream) {
     if (a.n_tokens == 1) {
         const unsigned blocks = static_cast<unsigned>((a.rows + kWarpsPerBlock * kDecodeRows - 1) / (kWarpsPerBlock * kDecodeRows));
         gemv_kernel<T, kDecodeRows, 1><<<dim3(blocks, 1), 32 * kWarpsPerBlock, 0, stream>>>(
-            a.w, a.row_bytes, a.rows, a.cols, a.x, a.bias, a.y, a.accumulate, 1, a.x_stride, a.y_stride);
+            a.w, a.row_bytes, a.rows, a.cols, a.x, a.bias, a.y, a.accumulate, 1, a.x_stride, a.y_stride, a.xq, a.xq_stride);
         return;
     }
     const dim3 blocks(static_cast<unsigned>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock), static_cast<unsigned>((a.n_tokens + 7) / 8));
     gemv_kernel<T, 1, 8><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(a.w, a.row_bytes, a.rows, a.cols, a.x, a.bias, a.y,
-                                                                   a.accumulate, a.n_tokens, a.x_stride, a.y_stride);
+                                                                   a.accumulate, a.n_tokens, a.x_stride, a.y_stride, a.xq,
+                                                                   a.xq_stride);
 }
 
 using LaunchFn = void (*)(const GemvArgs&, cudaStream_t);
@@ -133,6 +135,46 @@ std::unique_ptr<T, Free> device_alloc(size_t count) {
 
 bool gemv_supports(TensorType type) { return launcher(type) != nullptr; }
 
+bool gemv_wants_q8(TensorType type) {
+    switch (type) {
+        case TensorType::Q4_0: return Quarter<TensorType::Q4_0>::kFast;
+        case TensorType::Q4_1: return Quarter<TensorType::Q4_1>::kFast;
+        case TensorType::Q5_0: return Quarter<TensorType::Q5_0>::kFast;
+        case TensorType::Q5_1: return Quarter<TensorType::Q5_1>::kFast;
+        case TensorType::Q8_0: return Quarter<TensorType::Q8_0>::kFast;
+        case TensorType::Q4_K: return Quarter<TensorType::Q4_K>::kFast;
+        case TensorType::Q5_K: return Quarter<TensorType::Q5_K>::kFast;
+        case TensorType::Q6_K: return Quarter<TensorType::Q6_K>::kFast;
+        default: return false;
+    }
+}
+
+size_t qblock_bytes() { return sizeof(QBlock); }
+
+// One warp per 32-value block.
+__global__ void quantize_kernel(const float* x, QBlock* out, int64_t blocks_per_token, int64_t n_blocks, int64_t x_stride,
+                                int64_t out_stride) {
+    const int64_t g = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    if (g >= n_blocks) return;
+    const int lane = threadIdx.x % 32;
+    const int64_t t = g / blocks_per_token, b = g % blocks_per_token;
+    const float v = x[t * x_stride + 32 * b + lane];
+    float amax = fabsf(v);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+    const float d = amax / 127.0f;
+    QBlock& q = out[t * out_stride + b];
+    q.q[lane] = static_cast<int8_t>(d > 0.0f ? __float2int_rn(v / d) : 0);
+    if (lane == 0) q.d = d;
+}
+
+void quantize_activations(const float* x, QBlock* out, int64_t n_tokens, int64_t cols, int64_t x_stride, int64_t out_stride,
+                          cudaStream_t stream) {
+    const int64_t n_blocks = n_tokens * (cols / 32);
+    quantize_kernel<<<static_cast<unsigned>((n_blocks + 7) / 8), 256, 0, stream>>>(x, out, cols / 32, n_blocks, x_stride, out_stride);
+    ER_CUDA(cudaGetLastError());
+}
+
 void gemv_launch(TensorType type, const GemvArgs& args, cudaStream_t stream) {
     const LaunchFn fn = launcher(type);
     if (!fn) throw std::invalid_argument("the CUDA backend has no GEMV kernel for " + std::string(tensor_type_name(type)));
@@ -145,9 +187,15 @@ std::vector<float> gemv(TensorType type, const uint8_t* rows, int64_t n_rows, si
     auto w = device_alloc<uint8_t>(static_cast<size_t>(n_rows) * row_bytes);
     auto xd = device_alloc<float>(static_cast<size_t>(n));
     auto yd = device_alloc<float>(static_cast<size_t>(n_rows));
+    auto xq = device_alloc<QBlock>(static_cast<size_t>(n / 32));
     ER_CUDA(cudaMemcpy(w.get(), rows, static_cast<size_t>(n_rows) * row_bytes, cudaMemcpyHostToDevice));
     ER_CUDA(cudaMemcpy(xd.get(), x, static_cast<size_t>(n) * sizeof(float), cudaMemcpyHostToDevice));
-    gemv_launch(type, GemvArgs{w.get(), row_bytes, n_rows, n, xd.get(), nullptr, yd.get(), false}, nullptr);
+    GemvArgs args{w.get(), row_bytes, n_rows, n, xd.get(), nullptr, yd.get(), false};
+    if (gemv_wants_q8(type)) {
+        quantize_activations(xd.get(), xq.get(), 1, n, n, n / 32, nullptr);
+        args.xq = xq.get();
+    }
+    gemv_launch(type, args, nullptr);
     std::vector<float> y(static_cast<size_t>(n_rows));
     ER_CUDA(cudaMemcpy(y.data(), yd.get(), y.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return y;

@@ -3,11 +3,13 @@
 // position, the tokens) live in a device step block that one copy from pinned memory fills, so
 // the decode step can be recorded once as a CUDA graph and replayed ("recorded" dispatch);
 // "eager" launches every op each step.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "check.cuh"
 #include "cuda.h"
@@ -97,12 +99,25 @@ public:
     Runner(const ModelConfig& c, const Plan& plan, std::shared_ptr<DeviceModel> weights, std::shared_ptr<DeviceKv> kv,
            Dispatch dispatch)
         : c_(c), plan_(plan), w_(std::move(weights)), kv_(std::move(kv)), dispatch_(dispatch) {
+        // Which matmuls quantize their input first: the first of a run reading the same buffer
+        // (Q, K, V from one normed row; gate and up), until an op writes that buffer again.
+        Buf quantized = Buf::Count;
         for (const Op& op : plan_.ops) {
+            bool quantize = false;
             if (op.kind == OpKind::MatMul) {
                 gemv_check(op.weight->type);
                 if (op.weight->cols % 32 != 0) throw std::invalid_argument("CUDA GEMV needs a multiple of 32 columns");
+                if (gemv_wants_q8(op.weight->type) && op.in != quantized) {
+                    quantize = true;
+                    quantized = op.in;
+                }
+                widest_ = std::max(widest_, op.weight->cols);
             }
             if (op.kind == OpKind::Rope && op.weight) freq_factors_ = reinterpret_cast<const float*>(op.weight->data);
+            const bool in_place = op.kind == OpKind::HeadRmsNorm || op.kind == OpKind::Rope || op.kind == OpKind::SwiGLU;
+            const bool writes = op.kind != OpKind::KvStore && (in_place ? op.in : op.out) == quantized;
+            if (writes) quantized = Buf::Count;
+            quantize_before_.push_back(quantize);
         }
         const int64_t q_dim = c_.n_head * c_.head_dim, kv_dim = c_.n_head_kv * c_.head_dim;
         const int64_t widths[kBufCount] = {c_.n_embd, c_.n_embd, q_dim, kv_dim, kv_dim, q_dim, c_.n_ff, c_.n_ff, c_.n_vocab};
@@ -113,6 +128,7 @@ public:
             total += (static_cast<size_t>(widths[b] * plan_.max_tokens) + 63) / 64 * 64;
         }
         arena_ = device_alloc<float>(total);
+        qbuf_ = device_alloc<uint8_t>(static_cast<size_t>(plan_.max_tokens * (widest_ / 32)) * qblock_bytes());
         block_ = device_alloc<uint8_t>(step_block_bytes(plan_.max_tokens));
         void* pinned = nullptr;
         ER_CUDA(cudaMallocHost(&pinned, step_block_bytes(plan_.max_tokens)));
@@ -162,7 +178,7 @@ private:
     void enqueue(const StepInputs& in) {
         const int64_t n = in.n_tokens, vocab = c_.n_vocab;
         ER_CUDA(cudaMemcpyAsync(block_.get(), host_block_.get(), step_block_bytes(n), cudaMemcpyHostToDevice, stream_));
-        for (const Op& op : plan_.ops) exec(op, in);
+        for (size_t i = 0; i < plan_.ops.size(); ++i) exec(plan_.ops[i], in, quantize_before_[i]);
         if (in.logits_out)
             ER_CUDA(cudaMemcpyAsync(in.logits_out, row(Buf::LOGITS, 0), static_cast<size_t>(n * vocab) * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream_));
@@ -183,7 +199,7 @@ private:
     float* row(Buf b, int64_t t) const { return arena_.get() + offset_[static_cast<int>(b)] + t * width_[static_cast<int>(b)]; }
     int64_t width(Buf b) const { return width_[static_cast<int>(b)]; }
 
-    void exec(const Op& op, const StepInputs& in) {
+    void exec(const Op& op, const StepInputs& in, bool quantize) {
         const int64_t n = in.n_tokens;
         // tail ops (final norm, LM head) only for the rows whose logits are wanted
         const int64_t first = op.tail && !in.logits_out ? n - 1 : 0;
@@ -203,6 +219,11 @@ private:
                 a.n_tokens = n - first;
                 a.x_stride = width(op.in);
                 a.y_stride = width(op.out);
+                a.xq_stride = widest_ / 32;
+                a.xq = reinterpret_cast<const QBlock*>(qbuf_.get() + static_cast<size_t>(first * a.xq_stride) * qblock_bytes());
+                if (quantize)
+                    quantize_activations(row(op.in, first), reinterpret_cast<QBlock*>(qbuf_.get() + static_cast<size_t>(first * a.xq_stride) * qblock_bytes()),
+                                         n - first, op.weight->cols, width(op.in), a.xq_stride, stream_);
                 return gemv_launch(op.weight->type, a, stream_);
             }
             case OpKind::Rope:
@@ -231,6 +252,9 @@ private:
     size_t offset_[kBufCount] = {};
     int64_t width_[kBufCount] = {};
     Dispatch dispatch_;
+    std::vector<bool> quantize_before_;  // per op: quantize its input to int8 first
+    int64_t widest_ = 0;                 // widest matmul input (the int8 buffer's row)
+    DevicePtr<uint8_t> qbuf_;            // int8 activations of one buffer, max_tokens rows
     DevicePtr<float> arena_, inv_freq_;
     DevicePtr<uint8_t> block_;                      // the device step block
     std::unique_ptr<StepBlock, FreeHost> host_block_;  // its pinned staging copy

@@ -42,6 +42,11 @@ void bind_cuda(nb::module_& m) {
         size_t shape[1] = {y.size()};
         return nb::ndarray<nb::numpy, float, nb::ndim<1>>(out, 1, shape, owner);
     }, nb::arg("type_id"), nb::arg("rows"), nb::arg("x"), "y = W x on the CUDA device (W in its raw blocks).");
+    m.def("cuda_gemv_int8", [](uint32_t type_id) {
+        auto info = tensor_type_info(type_id);
+        if (!info) throw std::invalid_argument("unknown tensor type id " + std::to_string(type_id));
+        return cuda::gemv_wants_q8(info->type);
+    }, nb::arg("type_id"), "Whether the CUDA GEMV of this type multiplies int8-quantized activations.");
 #else
     m.attr("cuda_built") = false;
     m.def("cuda_available", [] { return false; }, "Whether this build has the CUDA backend and a CUDA device is present.");
