@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "edgerunner/sampler.h"
+
 namespace edgerunner {
 
 // The per-step values (the "step block").
@@ -13,6 +15,12 @@ struct StepInputs {
     int64_t pos0 = 0;             // position of tokens[0]
     float* logits_out = nullptr;  // non-null: logits of every token, n_tokens × n_vocab, go here;
                                   // null: only the last token's, into logits()
+    // Sampling on the device (runners whose can_sample() says yes): the next token is drawn
+    // from the last token's logits with these params and RNG step into *sampled, and logits()
+    // is not updated (fetch_logits() brings them when asked).
+    const SamplingParams* sample = nullptr;
+    uint64_t sample_step = 0;
+    int32_t* sampled = nullptr;
 };
 
 class StepRunner {
@@ -21,6 +29,8 @@ public:
     virtual void run(const StepInputs& in) = 0;
     virtual const float* logits() const = 0;  // the last run's last-token logits (host memory)
     virtual int64_t max_tokens() const = 0;
+    virtual bool can_sample(const SamplingParams&) const { return false; }
+    virtual void fetch_logits() {}  // after sampled steps: the last logits into logits()
 };
 
 }  // namespace edgerunner

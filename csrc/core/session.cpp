@@ -111,6 +111,24 @@ struct Session::Impl {
     std::unique_ptr<StepRunner> decode, prefill;
     std::vector<int32_t> tokens;  // what the cache holds, position = index
     const float* logits = nullptr;  // next-token logits of `tokens`, or null
+    bool logits_on_device = false;  // null logits still on the device (after a sampled step)
+
+    // One decode step for `token` that ends with the next token drawn on the device.
+    int32_t step_sampled(int32_t token, const SamplingParams& params) {
+        int32_t next = 0;
+        StepInputs in;
+        in.tokens = &token;
+        in.n_tokens = 1;
+        in.pos0 = static_cast<int64_t>(tokens.size());
+        in.sample = &params;
+        in.sample_step = tokens.size() + 1;  // the history the CPU sampler would see: every token so far
+        in.sampled = &next;
+        decode->run(in);
+        tokens.push_back(token);
+        logits = nullptr;
+        logits_on_device = true;
+        return next;
+    }
 
     static KVCache make_cache(const Model& model) {
         const auto& c = model.config();
@@ -169,6 +187,7 @@ struct Session::Impl {
             exe.run(in);
             tokens.insert(tokens.end(), ids + done, ids + done + step);
             logits = all_logits_out ? nullptr : exe.logits();
+            logits_on_device = false;
             done += step;
         }
     }
@@ -215,14 +234,33 @@ void Session::append(int32_t token) {
     s.process(&token, 1, nullptr);
 }
 
+int32_t Session::append_sampled(int32_t token, Sampler& sampler) {
+    Impl& s = *impl_;
+    if (!s.decode->can_sample(sampler.params()) || sampler.n_vocab() != s.model->config().n_vocab) {
+        append(token);
+        return sample(sampler);
+    }
+    if (static_cast<int64_t>(s.tokens.size()) >= s.model->n_ctx())
+        throw std::length_error("the context is full (" + std::to_string(s.model->n_ctx()) + " tokens)");
+    if (token < 0 || token >= s.model->config().n_vocab)
+        throw std::invalid_argument("token id " + std::to_string(token) + " is outside the vocabulary");
+    return s.step_sampled(token, sampler.params());
+}
+
 void Session::rewind(size_t n) {
     Impl& s = *impl_;
     if (n >= s.tokens.size()) return;
     s.tokens.resize(n);  // cache slots past n are simply overwritten later
     s.logits = nullptr;
+    s.logits_on_device = false;
 }
 
 const float* Session::logits() const {
+    if (!impl_->logits && impl_->logits_on_device) {
+        impl_->decode->fetch_logits();
+        impl_->logits = impl_->decode->logits();
+        impl_->logits_on_device = false;
+    }
     if (!impl_->logits) throw std::logic_error("no logits: evaluate some tokens first");
     return impl_->logits;
 }
@@ -238,12 +276,13 @@ int32_t Session::sample(Sampler& sampler) const {
 std::vector<int32_t> Session::generate(Sampler& sampler, int64_t max_tokens, const std::vector<int32_t>& stop_ids) {
     std::vector<int32_t> out;
     out.reserve(static_cast<size_t>(std::max<int64_t>(0, max_tokens)));
+    int32_t tok = max_tokens > 0 ? sample(sampler) : 0;
     for (int64_t i = 0; i < max_tokens; ++i) {
-        const int32_t tok = sample(sampler);
         out.push_back(tok);
         if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) break;
         if (static_cast<int64_t>(impl_->tokens.size()) >= n_ctx()) break;
-        append(tok);
+        if (i + 1 == max_tokens) append(tok);
+        else tok = append_sampled(tok, sampler);  // on a GPU: the next token drawn on the device
     }
     return out;
 }

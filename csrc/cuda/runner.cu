@@ -15,6 +15,7 @@
 #include "cuda.h"
 #include "gemv.cuh"
 #include "ops.cuh"
+#include "sample.cuh"
 
 namespace edgerunner::cuda {
 namespace {
@@ -89,7 +90,10 @@ namespace {
 // The step block: what changes from one step to the next.
 struct StepBlock {
     int64_t pos0;
-    int32_t tokens[1];  // max_tokens of them (allocated past the struct)
+    uint64_t sample_step;     // the sampler's RNG counter
+    DeviceSampling sampling;  // the sampler's parameters
+    int32_t sampled;          // the drawn token (device → host)
+    int32_t tokens[1];        // max_tokens of them (allocated past the struct)
 };
 
 size_t step_block_bytes(int64_t max_tokens) { return sizeof(StepBlock) + static_cast<size_t>(max_tokens) * sizeof(int32_t); }
@@ -128,6 +132,7 @@ public:
             total += (static_cast<size_t>(widths[b] * plan_.max_tokens) + 63) / 64 * 64;
         }
         arena_ = device_alloc<float>(total);
+        sample_scratch_ = device_alloc<double>(static_cast<size_t>(c_.n_vocab));
         qbuf_ = device_alloc<uint8_t>(static_cast<size_t>(plan_.max_tokens * (widest_ / 32)) * qblock_bytes());
         block_ = device_alloc<uint8_t>(step_block_bytes(plan_.max_tokens));
         void* pinned = nullptr;
@@ -148,43 +153,72 @@ public:
     }
     ~Runner() override {
         if (graph_) cudaGraphExecDestroy(graph_);
+        if (graph_sampled_) cudaGraphExecDestroy(graph_sampled_);
         cudaStreamDestroy(stream_);
     }
 
     const float* logits() const override { return logits_.get(); }
     int64_t max_tokens() const override { return plan_.max_tokens; }
 
-    void run(const StepInputs& in) override {
-        const int64_t n = in.n_tokens;
-        host_block_->pos0 = in.pos0;
-        std::memcpy(host_block_->tokens, in.tokens, static_cast<size_t>(n) * sizeof(int32_t));
-        const bool replayable = dispatch_ == Dispatch::Recorded && n == 1 && !in.logits_out;
-        if (replayable && !graph_) {  // record the one-token step once
-            cudaGraph_t graph = nullptr;
-            ER_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-            enqueue(in);
-            ER_CUDA(cudaStreamEndCapture(stream_, &graph));
-            const cudaError_t status = cudaGraphInstantiate(&graph_, graph, 0);
-            cudaGraphDestroy(graph);
-            ER_CUDA(status);
-        }
-        if (replayable) ER_CUDA(cudaGraphLaunch(graph_, stream_));
-        else enqueue(in);
+    bool can_sample(const SamplingParams& p) const override {
+        return p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+    }
+
+    void fetch_logits() override {
+        ER_CUDA(cudaMemcpyAsync(logits_.get(), row(Buf::LOGITS, last_row_), static_cast<size_t>(c_.n_vocab) * sizeof(float),
+                                cudaMemcpyDeviceToHost, stream_));
         ER_CUDA(cudaStreamSynchronize(stream_));
     }
 
+    void run(const StepInputs& in) override {
+        const int64_t n = in.n_tokens;
+        const bool sampling = in.sample != nullptr;
+        if (sampling && (!can_sample(*in.sample) || in.logits_out))
+            throw std::logic_error("device sampling takes no bias or penalties, and not with every token's logits");
+        host_block_->pos0 = in.pos0;
+        if (sampling) {
+            host_block_->sample_step = in.sample_step;
+            host_block_->sampling = DeviceSampling{in.sample->temperature, in.sample->top_k, in.sample->top_p, in.sample->min_p,
+                                                   in.sample->seed};
+        }
+        std::memcpy(host_block_->tokens, in.tokens, static_cast<size_t>(n) * sizeof(int32_t));
+        last_row_ = n - 1;
+        const bool replayable = dispatch_ == Dispatch::Recorded && n == 1 && !in.logits_out;
+        cudaGraphExec_t& graph = sampling ? graph_sampled_ : graph_;
+        if (replayable && !graph) {  // record the one-token step once (one graph per ending)
+            cudaGraph_t g = nullptr;
+            ER_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+            enqueue(in);
+            ER_CUDA(cudaStreamEndCapture(stream_, &g));
+            const cudaError_t status = cudaGraphInstantiate(&graph, g, 0);
+            cudaGraphDestroy(g);
+            ER_CUDA(status);
+        }
+        if (replayable) ER_CUDA(cudaGraphLaunch(graph, stream_));
+        else enqueue(in);
+        ER_CUDA(cudaStreamSynchronize(stream_));
+        if (sampling) *in.sampled = host_block_->sampled;
+    }
+
 private:
-    // The whole step on the stream: step block in, every op, logits out.
+    // The whole step on the stream: step block in, every op, then the logits out or the drawn
+    // token (4 bytes).
     void enqueue(const StepInputs& in) {
         const int64_t n = in.n_tokens, vocab = c_.n_vocab;
         ER_CUDA(cudaMemcpyAsync(block_.get(), host_block_.get(), step_block_bytes(n), cudaMemcpyHostToDevice, stream_));
         for (size_t i = 0; i < plan_.ops.size(); ++i) exec(plan_.ops[i], in, quantize_before_[i]);
-        if (in.logits_out)
+        if (in.sample) {
+            StepBlock* b = reinterpret_cast<StepBlock*>(block_.get());
+            sample(row(Buf::LOGITS, n - 1), static_cast<int32_t>(vocab), &b->sampling, &b->sample_step, sample_scratch_.get(),
+                   &b->sampled, stream_);
+            ER_CUDA(cudaMemcpyAsync(&host_block_->sampled, &b->sampled, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+        } else if (in.logits_out) {
             ER_CUDA(cudaMemcpyAsync(in.logits_out, row(Buf::LOGITS, 0), static_cast<size_t>(n * vocab) * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream_));
-        else
+        } else {
             ER_CUDA(cudaMemcpyAsync(logits_.get(), row(Buf::LOGITS, n - 1), static_cast<size_t>(vocab) * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream_));
+        }
     }
     const int64_t* pos0() const { return &reinterpret_cast<const StepBlock*>(block_.get())->pos0; }
     const int32_t* tokens() const { return reinterpret_cast<const StepBlock*>(block_.get())->tokens; }
@@ -260,7 +294,10 @@ private:
     std::unique_ptr<StepBlock, FreeHost> host_block_;  // its pinned staging copy
     std::unique_ptr<float, FreeHost> logits_;
     cudaStream_t stream_ = nullptr;
-    cudaGraphExec_t graph_ = nullptr;  // the recorded one-token step
+    cudaGraphExec_t graph_ = nullptr;          // the recorded one-token step, logits out
+    cudaGraphExec_t graph_sampled_ = nullptr;  // the same, ending with a drawn token
+    DevicePtr<double> sample_scratch_;         // the sampler's weights, n_vocab
+    int64_t last_row_ = 0;                     // the last run's last token row
 };
 
 }  // namespace

@@ -91,6 +91,11 @@ void bind_engine(nb::module_& m) {
             nb::gil_scoped_release release;
             s.append(token);
         }, nb::arg("token"))
+        .def("append_sampled", [](Session& s, int32_t token, Sampler& sampler) {
+            nb::gil_scoped_release release;
+            return s.append_sampled(token, sampler);
+        }, nb::arg("token"), nb::arg("sampler"),
+           "append(token), then the next token from the sampler (drawn on the GPU where the backend can).")
         .def("rewind", &Session::rewind, nb::arg("n"))
         .def("logits", [](const Session& s) {
             const float* p = s.logits();

@@ -283,10 +283,16 @@ def _stream(model: Model, session: Any, ids: np.ndarray, params: SamplingParams,
             info.update(mode=session.eval(ids), prompt_tokens=len(ids), new_tokens=0, finish_reason="length")
             model._owners[id(session)] = marker
         pending = ""
+        token = -1
         for i in range(max_tokens):
             with model._lock:
                 own()
-                token = session.sample(sampler)
+                if i == 0:
+                    token = session.sample(sampler)
+                else:  # the previous token in, the next one out (drawn on the GPU where it can)
+                    previous = token
+                    token = session.append_sampled(previous, sampler)
+                    history.append(previous)
             if token in end_ids:
                 info["finish_reason"] = "eos"
                 break
@@ -310,10 +316,6 @@ def _stream(model: Model, session: Any, ids: np.ndarray, params: SamplingParams,
             if len(history) >= model.n_ctx:
                 info["finish_reason"] = "context"
                 break
-            with model._lock:
-                own()
-                session.append(token)
-            history.append(token)
         pending += decoder.flush()
         if stops:
             cut = min((p for p in (pending.find(s) for s in stops) if p >= 0), default=-1)

@@ -69,6 +69,10 @@ public:
     void eval_all(const int32_t* tokens, size_t n, float* out);
     // Appends one token and decodes it (no allocation).
     void append(int32_t token);
+    // append(token), then the next token drawn by `sampler` from the new logits: on a backend
+    // that samples on the device only the token comes back (logits() fetches the logits when
+    // asked). Same tokens as append + sample on every backend's logits.
+    int32_t append_sampled(int32_t token, Sampler& sampler);
     // Keeps the first n tokens; the next eval recomputes from there.
     void rewind(size_t n);
 
