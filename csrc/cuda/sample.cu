@@ -43,7 +43,7 @@ template <typename F>
 __device__ uint32_t search(F f, double target) {
     uint32_t lo = 0, hi = 0xFFFFFFFFu;  // f(lo) >= target holds; find the last such key
     while (lo < hi) {
-        const uint32_t mid = lo + (hi - lo + 1) / 2;
+        const uint32_t mid = lo + static_cast<uint32_t>((static_cast<uint64_t>(hi) - lo + 1) / 2);  // no wrap at 2^32
         if (f(mid) >= target) lo = mid;
         else hi = mid - 1;
     }
