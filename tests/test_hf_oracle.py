@@ -3,8 +3,8 @@
 (transformers' GGUF loader ignores RoPE scaling, linear or llama3 `rope_freqs`: those are
 checked against the float64 NumPy reference in test_engine.py instead.)
 
-Real model: SmolLM2-135M-Instruct Q4_1 (from PyPI). Tiny random models of llama, qwen2 and
-qwen3 written by edgerunner.model_builder. transformers dequantizes the GGUF to float32 and
+Real models: SmolLM2-135M-Instruct Q4_1 and Gemma 3 270M Q4_K_M (from PyPI). Tiny random
+models of llama, qwen2, qwen3 and gemma3 written by edgerunner.model_builder. transformers dequantizes the GGUF to float32 and
 runs its own implementation, so this is independent of edgerunner's kernels and layouts.
 """
 
@@ -47,16 +47,16 @@ def banned_eos(hf):
     return {int(i): float("-inf") for i in eos}
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    path = builtin_models.fetch("smollm2-135m-instruct")
+@pytest.fixture(scope="module", params=["smollm2-135m-instruct", "gemma3-270m"])
+def real(request):
+    path = builtin_models.fetch(request.param)
     return path, hf_model(path)
 
 
 @pytest.mark.slow
-def test_smollm2_precise_logits_equal_transformers(smollm2):
+def test_real_precise_logits_equal_transformers(real):
     """Precise mode: max |Δlogit| ≤ 1e-2 at every position of every prompt."""
-    path, hf = smollm2
+    path, hf = real
     model = Model.load(path, precise=True, threads=2)
     for text in PROMPTS:
         ids = model.tokenize(text)
@@ -68,13 +68,14 @@ def test_smollm2_precise_logits_equal_transformers(smollm2):
 
 
 @pytest.mark.slow
-def test_smollm2_fast_mode_within_stated_tolerance(smollm2):
+def test_real_fast_mode_within_stated_tolerance(real):
     """Fast mode (Q8_0 activations into the int8 dot products, f16 KV cache): the activation
     rounding (|err| ≤ half a step of 1/127 of each 32-block's max) compounds over 30 layers.
-    Measured on these prompts: mean |Δ| ≈ 0.1-0.6, max ≈ 1.3 on logits of rms ≈ 5-20.
+    Measured on these prompts: mean |Δ| ≈ 0.1-0.6, max ≈ 1.3 on logits of rms ≈ 5-20 (SmolLM2);
+    Gemma 3's 18 layers: max ≈ 1.3 on logits up to ~24.
     Asserted: mean |Δ| ≤ 0.75, max |Δ| ≤ 2.5, and top-1 equal wherever the reference's top two
     are more than 0.5 apart (at near-ties either token is a faithful answer)."""
-    path, hf = smollm2
+    path, hf = real
     model = Model.load(path, threads=2)
     for text in PROMPTS:
         ids = model.tokenize(text)
@@ -89,8 +90,8 @@ def test_smollm2_fast_mode_within_stated_tolerance(smollm2):
 
 
 @pytest.mark.slow
-def test_smollm2_greedy_32_tokens_identical(smollm2):
-    path, hf = smollm2
+def test_real_greedy_32_tokens_identical(real):
+    path, hf = real
     model = Model.load(path, precise=True, threads=2)
     for text in PROMPTS:
         ids = model.tokenize(text)
@@ -113,6 +114,9 @@ TINY = [
     ("qwen2", "Q4_0", dict(n_kv_heads=1, tied=False)),
     ("qwen3", "F32", {}),
     ("qwen3", "Q6_K", dict(dim=256, ffn_dim=512)),
+    ("gemma3", "F32", {}),  # 5 local layers (window 8 < the 48-token prompt) per global one
+    ("gemma3", "Q8_0", dict(n_kv_heads=2)),
+    ("gemma3", "Q4_K", dict(dim=256, ffn_dim=512)),
 ]
 
 

@@ -1,5 +1,6 @@
 #include "edgerunner/model_config.h"
 
+#include <cmath>
 #include <stdexcept>
 
 namespace edgerunner {
@@ -28,7 +29,7 @@ int64_t required(const GGUFFile& f, const std::string& key) {
 }  // namespace
 
 const std::vector<std::string>& supported_architectures() {
-    static const std::vector<std::string> archs = {"llama", "qwen2", "qwen3"};
+    static const std::vector<std::string> archs = {"llama", "qwen2", "qwen3", "gemma3"};
     return archs;
 }
 
@@ -86,6 +87,15 @@ ModelConfig read_model_config(const GGUFFile& f) {
     } else if (c.arch == "qwen3") {
         c.rope_style = RopeStyle::Neox;
         c.qk_norm = true;
+    } else if (c.arch == "gemma3") {
+        // Gemma 3: 5 local layers (window, rope base 10000 unless the file says) per global one.
+        c.rope_style = RopeStyle::Neox;
+        c.qk_norm = true;
+        c.post_norms = true;
+        c.gelu_gate = true;
+        c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+        c.sliding_window_pattern = static_cast<int64_t>(f.get_uint(a + "attention.sliding_window_pattern", 6));
+        c.rope_base_swa = static_cast<float>(f.get_float(a + "rope.freq_base_swa", 10000.0));
     }
     return c;
 }

@@ -23,18 +23,20 @@ struct Weight {
 };
 
 // Scratch activations: one row per token of the step, float32.
-enum class Buf : uint8_t { X, XN, Q, K, V, ATT, GATE, UP, LOGITS, Count };
+// Y: a sublayer's output before its post-norm joins the residual (gemma3).
+enum class Buf : uint8_t { X, XN, Q, K, V, ATT, GATE, UP, Y, LOGITS, Count };
 constexpr int kBufCount = static_cast<int>(Buf::Count);
 
 enum class OpKind : uint8_t {
-    Embed,        // X[t] = token_embd row of token t
-    RmsNorm,      // out[t] = in[t] / rms(in[t]) * weight
+    Embed,        // X[t] = token_embd row of token t (× scale)
+    RmsNorm,      // out[t] (+)= in[t] / rms(in[t]) * weight
     HeadRmsNorm,  // in place over each head of `in` (heads × head_dim): RMSNorm * weight
     MatMul,       // out[t] (+)= weight · in[t] (+ bias)
     Rope,         // in place: rotate each head of `in` at the step's positions
     KvStore,      // the step's K and V rows → the layer's cache slots
     Attention,    // out = causal softmax(Q Kᵀ / √d) V over the layer's cache (GQA)
     SwiGLU,       // out = silu(in) * UP   (in = GATE)
+    GeGLU,        // out = gelu_tanh(in) * UP
 };
 
 struct Op {
@@ -45,8 +47,11 @@ struct Op {
     const Weight* bias = nullptr;
     int32_t layer = -1;
     int32_t heads = 0;
-    bool accumulate = false;  // MatMul: out += result (the residual connection)
+    bool accumulate = false;  // MatMul, RmsNorm: out += result (the residual connection)
     bool tail = false;        // only the rows whose logits are wanted (final norm, LM head)
+    int64_t window = 0;       // Attention: the sliding window (0: full causal attention)
+    bool local_rope = false;  // Rope: the local layers' base (rope_base_swa)
+    float scale = 1.0f;       // Embed: rows × scale
 };
 
 enum class StepKind { Decode, Prefill };
@@ -59,8 +64,8 @@ struct Plan {
 
 // Every weight a llama-family model uses, resolved from tensor names at load.
 struct LayerWeights {
-    Weight attn_norm, wq, wk, wv, bq, bk, bv, q_norm, k_norm, wo;
-    Weight ffn_norm, w_gate, w_up, w_down;
+    Weight attn_norm, wq, wk, wv, bq, bk, bv, q_norm, k_norm, wo, post_attn_norm;
+    Weight ffn_norm, w_gate, w_up, w_down, post_ffn_norm;
 };
 struct ModelWeights {
     Weight token_embd, output_norm, output, rope_freqs;

@@ -83,8 +83,14 @@ std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
     m.prefill_plan = build_plan(m.config, m.weights, StepKind::Prefill, chunk);
 #if defined(ER_HAVE_CUDA)
     if (m.backend == "cuda") {
-        m.device = cuda::upload({&m.decode_plan, &m.prefill_plan});
-        return model;
+        const std::string missing = cuda::unsupported(m.prefill_plan);
+        if (missing.empty()) {
+            m.device = cuda::upload({&m.decode_plan, &m.prefill_plan});
+            return model;
+        }
+        if (options.backend == "cuda")
+            throw std::invalid_argument("backend 'cuda' cannot run " + m.config.arch + " yet (" + missing + "); use backend='cpu'");
+        m.backend = "cpu";  // auto: the CPU runs what the GPU backend cannot yet
     }
 #endif
     int threads = options.n_threads ? options.n_threads : static_cast<int>(std::thread::hardware_concurrency());
@@ -137,7 +143,8 @@ struct Session::Impl {
         // A sliding window bounds what attention reads: a circular cache of window + one
         // prefill chunk holds every slot a step can touch.
         const int64_t chunk = model.impl().prefill_plan.max_tokens;
-        const bool circular = c.sliding_window > 0 && c.sliding_window + chunk < model.n_ctx();
+        // (Interleaved local/global layers keep the full cache: the global ones read it all.)
+        const bool circular = c.sliding_window > 0 && c.sliding_window_pattern == 0 && c.sliding_window + chunk < model.n_ctx();
         const int64_t capacity = circular ? c.sliding_window + chunk : model.n_ctx();
         return KVCache(type, c.n_layer, capacity, c.n_head_kv, c.head_dim, circular, model.backend() == "cpu");
     }

@@ -368,6 +368,20 @@ void silu_mul(float* g, const float* u, int64_t n) {
     }
 }
 
+// tanh(y) = 1 - 2 / (e^{2y} + 1), with the same exp; gelu(g) = g/2 · (1 + tanh(√(2/π)(g + 0.044715 g³))).
+void gelu_mul(float* g, const float* u, int64_t n) {
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i m = tail_mask(n - i);
+        const __m256 x = _mm256_maskload_ps(g + i, m), uv = _mm256_maskload_ps(u + i, m);
+        const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+        const __m256 y = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x));
+        const __m256 e = exp256(_mm256_add_ps(y, y));
+        const __m256 t = _mm256_sub_ps(_mm256_set1_ps(1.0f), _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+        const __m256 r = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(_mm256_set1_ps(1.0f), t)), uv);
+        _mm256_maskstore_ps(g + i, m, r);
+    }
+}
+
 float exp_sum(float* x, int64_t n, float shift) {
     __m256 sum = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 8) {
@@ -452,7 +466,7 @@ void kv_values_x4(const uint8_t* base, size_t slot_bytes, int64_t capacity, int6
     }
 }
 
-MathKernels math_kernels() { return {silu_mul, exp_sum}; }
+MathKernels math_kernels() { return {silu_mul, exp_sum, gelu_mul}; }
 
 // q8_0 caches have head sizes that are multiples of 32 (checked at load).
 KvKernels kv_kernels(KvType type) {

@@ -18,11 +18,21 @@ inline void split(int64_t n, int ith, int nth, int64_t* r0, int64_t* r1) {
     *r1 = n * (ith + 1) / nth;
 }
 
-void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+float rms_scale(const float* x, int64_t n, float eps) {
     float ss = 0;
     for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
-    const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+    return 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+}
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+    const float scale = rms_scale(x, n, eps);
     for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
+}
+
+// y += rms_norm(x) · w: a post-norm joining the residual (gemma3).
+void rms_norm_add(const float* x, const float* w, float* y, int64_t n, float eps) {
+    const float scale = rms_scale(x, n, eps);
+    for (int64_t i = 0; i < n; ++i) y[i] += (x[i] * scale) * w[i];
 }
 
 }  // namespace
@@ -30,7 +40,7 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
 Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, ThreadPool& pool, bool precise)
     : c_(config), plan_(std::move(plan)), kv_(kv), pool_(pool), precise_(precise) {
     const int64_t q_dim = c_.n_head * c_.head_dim, kv_dim = c_.n_head_kv * c_.head_dim;
-    const int64_t widths[kBufCount] = {c_.n_embd, c_.n_embd, q_dim, kv_dim, kv_dim, q_dim, c_.n_ff, c_.n_ff, 0};
+    const int64_t widths[kBufCount] = {c_.n_embd, c_.n_embd, q_dim, kv_dim, kv_dim, q_dim, c_.n_ff, c_.n_ff, c_.n_embd, 0};
     for (int b = 0; b < kBufCount; ++b) width_[b] = widths[b];
     last_logits_.assign(static_cast<size_t>(c_.n_vocab), 0.0f);
 
@@ -59,10 +69,10 @@ Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, Thread
             while (!op.accumulate && s.n_parts < 3 && i + 1 < ops.size() && ops[i + 1].kind == OpKind::MatMul &&
                    ops[i + 1].in == op.in && !ops[i + 1].accumulate && ops[i + 1].tail == op.tail)
                 add_part(ops[++i]);
-            if (s.n_parts == 2 && i + 1 < ops.size() && ops[i + 1].kind == OpKind::SwiGLU &&
+            if (s.n_parts == 2 && i + 1 < ops.size() && (ops[i + 1].kind == OpKind::SwiGLU || ops[i + 1].kind == OpKind::GeGLU) &&
                 ops[i + 1].in == s.parts[0].out && s.parts[1].out == Buf::UP && s.parts[0].weight->rows == s.parts[1].weight->rows) {
                 s.glu = true;
-                ++i;
+                s.gelu = ops[++i].kind == OpKind::GeGLU;
             }
             unsigned needed = 0;
             for (int k = 0; k < s.n_parts; ++k)
@@ -117,18 +127,23 @@ Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, Thread
     tile_rows_ = precise_ ? 8 : tile_rows();
 
     // RoPE inverse frequencies, computed as Hugging Face does (float32 pow), then divided by
-    // the per-pair factors of rope_freqs when the model has them.
-    inv_freq_.resize(static_cast<size_t>(c_.rope_dim / 2));
+    // the per-pair factors of rope_freqs when the model has them; the local layers' base too.
     const float* factors = nullptr;
-    for (const Op& op : plan_.ops)
+    for (const Op& op : plan_.ops) {
         if (op.kind == OpKind::Rope && op.weight) factors = reinterpret_cast<const float*>(op.weight->data);
-    for (int64_t i = 0; i < c_.rope_dim / 2; ++i) {
-        const float exponent = static_cast<float>(2 * i) / static_cast<float>(c_.rope_dim);
-        inv_freq_[i] = 1.0f / std::pow(c_.rope_base, exponent);
-        if (factors) inv_freq_[i] /= factors[i];
+        local_rope_ |= op.kind == OpKind::Rope && op.local_rope;
     }
-    rope_cos_.assign(static_cast<size_t>(plan_.max_tokens * (c_.rope_dim / 2)), 0.0f);
-    rope_sin_.assign(rope_cos_.size(), 0.0f);
+    for (int b = 0; b < (local_rope_ ? 2 : 1); ++b) {
+        const float base = b == 1 && c_.rope_base_swa > 0 ? c_.rope_base_swa : c_.rope_base;
+        inv_freq_[b].resize(static_cast<size_t>(c_.rope_dim / 2));
+        for (int64_t i = 0; i < c_.rope_dim / 2; ++i) {
+            const float exponent = static_cast<float>(2 * i) / static_cast<float>(c_.rope_dim);
+            inv_freq_[b][i] = 1.0f / std::pow(base, exponent);
+            if (factors) inv_freq_[b][i] /= factors[i];
+        }
+        rope_cos_[b].assign(static_cast<size_t>(plan_.max_tokens * (c_.rope_dim / 2)), 0.0f);
+        rope_sin_[b].assign(rope_cos_[b].size(), 0.0f);
+    }
 }
 
 void Executable::quantize_rows(Buf b, unsigned formats, int64_t t0, int64_t t1, int64_t width) {
@@ -141,14 +156,15 @@ void Executable::quantize_rows(Buf b, unsigned formats, int64_t t0, int64_t t1, 
 void Executable::run(const StepInputs& in) {
     // The step's rotation angles, once for all layers and heads.
     const int64_t half = c_.rope_dim / 2;
-    for (int64_t t = 0; t < in.n_tokens; ++t) {
-        const float pos = static_cast<float>(in.pos0 + t) * c_.rope_linear_scale;
-        for (int64_t k = 0; k < half; ++k) {
-            const float theta = pos * inv_freq_[k];
-            rope_cos_[t * half + k] = std::cos(theta);
-            rope_sin_[t * half + k] = std::sin(theta);
+    for (int b = 0; b < (local_rope_ ? 2 : 1); ++b)
+        for (int64_t t = 0; t < in.n_tokens; ++t) {
+            const float pos = static_cast<float>(in.pos0 + t) * c_.rope_linear_scale;
+            for (int64_t k = 0; k < half; ++k) {
+                const float theta = pos * inv_freq_[b][k];
+                rope_cos_[b][t * half + k] = std::cos(theta);
+                rope_sin_[b][t * half + k] = std::sin(theta);
+            }
         }
-    }
     for (size_t i = 0; i < steps_.size(); ++i) next_chunk_[i].store(0, std::memory_order_relaxed);
     pool_.run([&](int ith, int nth) {
         for (const Step& s : steps_) {
@@ -172,8 +188,12 @@ void Executable::exec(const Step& s, const StepInputs& in, int ith, int nth) {
         case OpKind::Embed: {
             split(in.n_tokens, ith, nth, &t0, &t1);
             const Weight& w = *op.weight;
-            for (int64_t t = t0; t < t1; ++t)
-                dequantize_row(w.type, w.data + static_cast<size_t>(in.tokens[t]) * w.row_bytes, row(Buf::X, t), w.cols);
+            for (int64_t t = t0; t < t1; ++t) {
+                float* x = row(Buf::X, t);
+                dequantize_row(w.type, w.data + static_cast<size_t>(in.tokens[t]) * w.row_bytes, x, w.cols);
+                if (op.scale != 1.0f)
+                    for (int64_t i = 0; i < w.cols; ++i) x[i] *= op.scale;
+            }
             return;
         }
         case OpKind::RmsNorm: {
@@ -181,7 +201,10 @@ void Executable::exec(const Step& s, const StepInputs& in, int ith, int nth) {
             split(in.n_tokens - first, ith, nth, &t0, &t1);
             const float* w = reinterpret_cast<const float*>(op.weight->data);
             const int64_t width = width_[static_cast<int>(op.in)];
-            for (int64_t t = first + t0; t < first + t1; ++t) rms_norm(row(op.in, t), w, row(op.out, t), width, c_.norm_eps);
+            for (int64_t t = first + t0; t < first + t1; ++t) {
+                if (op.accumulate) rms_norm_add(row(op.in, t), w, row(op.out, t), width, c_.norm_eps);
+                else rms_norm(row(op.in, t), w, row(op.out, t), width, c_.norm_eps);
+            }
             if (s.norm_quantize) quantize_rows(op.out, s.norm_quantize, first + t0, first + t1, width);
             return;
         }
@@ -198,14 +221,14 @@ void Executable::exec(const Step& s, const StepInputs& in, int ith, int nth) {
         case OpKind::MatMul: return s.glu ? glu(s, in, nth) : matmul(s, in, nth);
         case OpKind::Rope: case OpKind::KvStore:
             // The llama recipe always emits rope(Q), rope(K), kv_store together; prepare fused them.
-            return rope_kv(op.layer, in, ith, nth);
+            return rope_kv(op.layer, op.local_rope, in, ith, nth);
         case OpKind::Attention: return attention(op, in, ith, nth);
-        case OpKind::SwiGLU: {
+        case OpKind::SwiGLU: case OpKind::GeGLU: {
             const int64_t n = in.n_tokens * width_[static_cast<int>(op.in)];
             split(n, ith, nth, &t0, &t1);
             float* g = row(op.in, 0);
             const float* u = row(Buf::UP, 0);
-            math_.silu_mul(g + t0, u + t0, t1 - t0);
+            (op.kind == OpKind::GeGLU ? math_.gelu_mul : math_.silu_mul)(g + t0, u + t0, t1 - t0);
             return;
         }
     }
@@ -289,7 +312,7 @@ void Executable::glu(const Step& s, const StepInputs& in, int nth) {
                 float g[kMaxTileRows * kTileTokens] = {}, u[kMaxTileRows * kTileTokens] = {};
                 ER_DOT_TILE(gate, r, nr, t, m, g);
                 ER_DOT_TILE(up, r, nr, t, m, u);
-                math_.silu_mul(g, u, nr * 4);
+                (s.gelu ? math_.gelu_mul : math_.silu_mul)(g, u, nr * 4);
                 for (int i = 0; i < nr; ++i)
                     for (int j = 0; j < m; ++j) row(gate.out, t + j)[r + i] = g[i * 4 + j];
             }
@@ -298,7 +321,7 @@ void Executable::glu(const Step& s, const StepInputs& in, int nth) {
 }
 #undef ER_DOT_TILE
 
-void Executable::rope_kv(int32_t layer, const StepInputs& in, int ith, int nth) {
+void Executable::rope_kv(int32_t layer, bool local, const StepInputs& in, int ith, int nth) {
     const int64_t hd = c_.head_dim, half = c_.rope_dim / 2;
     const int64_t heads = c_.n_head + c_.n_head_kv;
     int64_t i0, i1;
@@ -306,8 +329,8 @@ void Executable::rope_kv(int32_t layer, const StepInputs& in, int ith, int nth) 
     for (int64_t i = i0; i < i1; ++i) {
         const int64_t t = i / heads, h = i % heads;
         float* x = h < c_.n_head ? row(Buf::Q, t) + h * hd : row(Buf::K, t) + (h - c_.n_head) * hd;
-        const float* cs = rope_cos_.data() + t * half;
-        const float* sn = rope_sin_.data() + t * half;
+        const float* cs = rope_cos_[local ? 1 : 0].data() + t * half;
+        const float* sn = rope_sin_[local ? 1 : 0].data() + t * half;
         for (int64_t k = 0; k < half; ++k) {
             // Adjacent: dimensions (2k, 2k+1) rotate together; neox: (k, k + rope_dim/2).
             const int64_t a = c_.rope_style == RopeStyle::Adjacent ? 2 * k : k;
@@ -336,7 +359,7 @@ void Executable::attention(const Op& op, const StepInputs& in, int ith, int nth)
         const int64_t t = i / op.heads, h = i % op.heads;
         const size_t head_offset = static_cast<size_t>(h / group) * head_bytes;
         const int64_t pos = in.pos0 + t;
-        const int64_t start = c_.sliding_window > 0 ? std::max<int64_t>(0, pos - c_.sliding_window + 1) : 0;
+        const int64_t start = op.window > 0 ? std::max<int64_t>(0, pos - op.window + 1) : 0;
         const float* q = row(op.in, t) + h * hd;
         const int64_t n = pos + 1 - start;
         kv_fn_.scores(kv_.k(op.layer, 0) + head_offset, kv_.row_bytes, kv_.capacity, start, pos + 1, q, hd, scale, scores);

@@ -41,7 +41,8 @@ private:
         Op op;                    // the first op: kind, input, layer, heads, flags
         MatPart parts[3];
         int n_parts = 0;
-        bool glu = false;         // parts[0] = gate, parts[1] = up: out = silu(gate) * up
+        bool glu = false;         // parts[0] = gate, parts[1] = up: out = act(gate) * up
+        bool gelu = false;        // glu with GELU (tanh) instead of SiLU
         bool rope_kv = false;     // rope Q and K in place, then store K and V
         unsigned quantize = 0;    // formats (1 << ActFormat) to quantize op.in into before the step
         unsigned norm_quantize = 0;  // RmsNorm: formats to quantize each output row into
@@ -54,7 +55,7 @@ private:
     template <typename Body>
     void for_row_chunks(const Step& s, int64_t rows, int64_t n_tokens, int nth, Body&& body);
     void attention(const Op& op, const StepInputs& in, int ith, int nth);
-    void rope_kv(int32_t layer, const StepInputs& in, int ith, int nth);
+    void rope_kv(int32_t layer, bool local, const StepInputs& in, int ith, int nth);
     void quantize_rows(Buf b, unsigned formats, int64_t t0, int64_t t1, int64_t width);
     const uint8_t* qrow(ActFormat f, int64_t t) const { return qbuf_[static_cast<int>(f)].data() + t * qrow_bytes_[static_cast<int>(f)]; }
     float* row(Buf b, int64_t t) { return arena_.data() + offset_[static_cast<int>(b)] + t * width_[static_cast<int>(b)]; }
@@ -75,8 +76,11 @@ private:
     std::vector<float> scores_;  // per thread: one score per cache slot
     KvKernels kv_fn_{};
     MathKernels math_{};
-    std::vector<float> inv_freq_;
-    std::vector<float> rope_cos_, rope_sin_;  // per token of the step × rope_dim/2, filled once per step
+    // RoPE per base ([0] global, [1] the local layers' where the model has one): inverse
+    // frequencies, and per token of the step × rope_dim/2 the angles' cos and sin, once per step.
+    std::vector<float> inv_freq_[2];
+    std::vector<float> rope_cos_[2], rope_sin_[2];
+    bool local_rope_ = false;
     std::vector<float> last_logits_;
 };
 

@@ -82,9 +82,11 @@ KvKernels kv_kernels_scalar(KvType type);
 // versions run a vector's tail padded, never a scalar fallback), so a token's values do not
 // depend on how rows were grouped into tiles.
 //   silu_mul: g = g / (1 + e^-g) · u         exp_sum: x = e^(x - shift); returns Σ x
+//   gelu_mul: g = gelu_tanh(g) · u = g/2 · (1 + tanh(√(2/π) (g + 0.044715 g³))) · u
 struct MathKernels {
     void (*silu_mul)(float* g, const float* u, int64_t n);
     float (*exp_sum)(float* x, int64_t n, float shift);
+    void (*gelu_mul)(float* g, const float* u, int64_t n);
 };
 MathKernels math_kernels(Isa isa = best_isa());
 MathKernels math_kernels_scalar();  // std::exp: the precise path

@@ -471,9 +471,16 @@ float exp_sum_scalar(float* x, int64_t n, float shift) {
     for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - shift));
     return sum;
 }
+void gelu_mul_scalar(float* g, const float* u, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float x = g[i];
+        g[i] = 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
 }  // namespace
 
-MathKernels math_kernels_scalar() { return {silu_mul_scalar, exp_sum_scalar}; }
+MathKernels math_kernels_scalar() { return {silu_mul_scalar, exp_sum_scalar, gelu_mul_scalar}; }
 
 KvKernels kv_kernels_scalar(KvType type) {
     switch (type) {

@@ -30,6 +30,9 @@ std::shared_ptr<DeviceKv> make_kv(const KVCache& layout);
 enum class Dispatch { Eager, Recorded };
 Dispatch parse_dispatch(const std::string& name);  // eager, recorded, auto (= recorded)
 
+// What in a plan the CUDA backend cannot run yet (empty: it runs all of it).
+std::string unsupported(const Plan& plan);
+
 // A prepared plan on the device: scratch allocated here, one stream, ops launched per step.
 std::unique_ptr<StepRunner> make_runner(const ModelConfig& config, const Plan& plan, std::shared_ptr<DeviceModel> weights,
                                         std::shared_ptr<DeviceKv> kv, Dispatch dispatch);

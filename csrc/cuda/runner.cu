@@ -124,7 +124,7 @@ public:
             quantize_before_.push_back(quantize);
         }
         const int64_t q_dim = c_.n_head * c_.head_dim, kv_dim = c_.n_head_kv * c_.head_dim;
-        const int64_t widths[kBufCount] = {c_.n_embd, c_.n_embd, q_dim, kv_dim, kv_dim, q_dim, c_.n_ff, c_.n_ff, c_.n_vocab};
+        const int64_t widths[kBufCount] = {c_.n_embd, c_.n_embd, q_dim, kv_dim, kv_dim, q_dim, c_.n_ff, c_.n_ff, c_.n_embd, c_.n_vocab};
         size_t total = 0;
         for (int b = 0; b < kBufCount; ++b) {
             width_[b] = widths[b];
@@ -271,10 +271,11 @@ private:
                                 kv_->layout.capacity, kv_->layout.kv_dim, stream_);
             case OpKind::Attention:
                 return attention(AttentionArgs{row(op.in, 0), kv_->k(op.layer), kv_->v(op.layer), row(op.out, 0), n, pos0(),
-                                               kv_->layout.capacity, c_.sliding_window, static_cast<int>(c_.n_head),
+                                               kv_->layout.capacity, op.window, static_cast<int>(c_.n_head),
                                                static_cast<int>(c_.n_head_kv), static_cast<int>(c_.head_dim)},
                                  stream_);
             case OpKind::SwiGLU: return swiglu(row(op.in, 0), row(Buf::UP, 0), n * width(op.in), stream_);
+            case OpKind::GeGLU: throw std::logic_error("GeGLU on CUDA");  // refused by unsupported()
         }
     }
 
@@ -306,6 +307,16 @@ Dispatch parse_dispatch(const std::string& name) {
     if (name == "eager") return Dispatch::Eager;
     if (name == "recorded" || name == "auto") return Dispatch::Recorded;
     throw std::invalid_argument("unknown dispatch mode '" + name + "'; choose eager, recorded or auto");
+}
+
+std::string unsupported(const Plan& plan) {
+    for (const Op& op : plan.ops) {
+        if (op.kind == OpKind::GeGLU) return "GELU-gated feed-forward";
+        if (op.kind == OpKind::RmsNorm && op.accumulate) return "post-norms into the residual";
+        if (op.kind == OpKind::Embed && op.scale != 1.0f) return "scaled embeddings";
+        if (op.kind == OpKind::Rope && op.local_rope) return "a second RoPE base for local layers";
+    }
+    return "";
 }
 
 std::unique_ptr<StepRunner> make_runner(const ModelConfig& config, const Plan& plan, std::shared_ptr<DeviceModel> weights,

@@ -15,9 +15,8 @@
 #include "models.h"
 
 namespace edgerunner {
-namespace {
 
-Weight bind(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows, bool optional = false) {
+Weight bind(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows, bool optional) {
     const GGUFTensorInfo* t = f.find_tensor(name);
     if (!t) {
         if (optional) return {};
@@ -46,16 +45,13 @@ Weight bind(const GGUFFile& f, const std::string& name, int64_t cols, int64_t ro
     return w;
 }
 
-// Norm weights and biases are applied in float: they must be F32.
-Weight bind_f32(const GGUFFile& f, const std::string& name, int64_t n, bool optional = false) {
+Weight bind_f32(const GGUFFile& f, const std::string& name, int64_t n, bool optional) {
     Weight w = bind(f, name, n, 1, optional);
     if (w.data && w.type != TensorType::F32)
         throw std::invalid_argument(f.path() + ": tensor '" + name + "' has type " +
                                     std::string(tensor_type_name(w.type)) + "; norm weights and biases must be F32");
     return w;
 }
-
-}  // namespace
 
 ModelWeights bind_llama_weights(const GGUFFile& f, const ModelConfig& c) {
     ModelWeights m;
@@ -106,7 +102,9 @@ Plan build_llama_plan(const ModelConfig& c, const ModelWeights& m, StepKind kind
         ops.push_back({OpKind::Rope, Buf::Q, Buf::Q, opt(m.rope_freqs), nullptr, i, static_cast<int32_t>(c.n_head)});
         ops.push_back({OpKind::Rope, Buf::K, Buf::K, opt(m.rope_freqs), nullptr, i, static_cast<int32_t>(c.n_head_kv)});
         ops.push_back({OpKind::KvStore, Buf::K, Buf::V, nullptr, nullptr, i});
-        ops.push_back({OpKind::Attention, Buf::Q, Buf::ATT, nullptr, nullptr, i, static_cast<int32_t>(c.n_head)});
+        Op attention{OpKind::Attention, Buf::Q, Buf::ATT, nullptr, nullptr, i, static_cast<int32_t>(c.n_head)};
+        attention.window = c.layer_is_local(i) ? c.sliding_window : 0;
+        ops.push_back(attention);
         ops.push_back({OpKind::MatMul, Buf::ATT, Buf::X, &l.wo, nullptr, i, 0, /*accumulate=*/true});
         ops.push_back({OpKind::RmsNorm, Buf::X, Buf::XN, &l.ffn_norm});
         ops.push_back({OpKind::MatMul, Buf::XN, Buf::GATE, &l.w_gate});

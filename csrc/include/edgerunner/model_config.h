@@ -37,6 +37,20 @@ struct ModelConfig {
     bool qk_norm = false;       // qwen3: RMSNorm over each Q and K head before RoPE
     bool tied_output = false;   // no output.weight: the LM head reuses token_embd
     int64_t sliding_window = 0; // 0: full attention
+    // Interleaved local/global attention (gemma3): with a pattern N > 0, layer i is global
+    // (full attention, rope_base) when (i + 1) % N == 0, else local (the window, rope_base_swa).
+    // 0: every layer uses the window (when there is one).
+    int64_t sliding_window_pattern = 0;
+    float rope_base_swa = 0.0f;  // 0: rope_base
+
+    // gemma3: embeddings × embd_scale, RMSNorms after attention and FFN too, GELU (tanh) gate.
+    float embd_scale = 1.0f;
+    bool post_norms = false;
+    bool gelu_gate = false;
+
+    bool layer_is_local(int64_t layer) const {
+        return sliding_window > 0 && (sliding_window_pattern == 0 || (layer + 1) % sliding_window_pattern != 0);
+    }
 };
 
 // The architectures this build runs, for error messages.
