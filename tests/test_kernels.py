@@ -142,7 +142,7 @@ def test_activation_quantization_is_the_reference_bytes(fmt):
 
 @pytest.mark.parametrize("isa", ["scalar"] + available_isas())
 def test_math_kernels_against_float64(isa):
-    """SiLU·u and the softmax exponentials: within 4 float32 ulp of float64 (the SIMD exp is a
+    """SiLU·u, GELU(tanh)·u and the softmax exponentials: within 4 float32 ulp of float64 (the SIMD exp is a
     polynomial, ≤ 2 ulp; the division and product add one rounding each), for every length
     (the vector tail is padded, not a scalar loop) and over the whole useful range."""
     seed = random.randrange(2**32)
@@ -156,6 +156,12 @@ def test_math_kernels_against_float64(isa):
         ulp = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
         # absolute 1e-30: where the true value underflows float32 (g < -87), any tiny value is right
         assert np.all(np.abs(got - want) <= 4 * ulp + 1e-30), f"{isa} n={n} seed {seed}"
+        got = np.array(_core.cpu_math("gelu_mul", g, u, 0.0, isa), np.float64)
+        want = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64**3))) * u
+        ulp = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+        # tanh through exp: 1 - 2/(e^2y + 1) loses relative accuracy where tanh ≈ -1 (g < -3),
+        # but the product is tiny there: 8 ulp plus 1e-6 absolute
+        assert np.all(np.abs(got - want) <= 8 * ulp + 1e-6 * np.abs(u)), f"gelu {isa} n={n} seed {seed}"
         x = rng.uniform(-80, 0, n).astype(np.float32)
         res = np.array(_core.cpu_math("exp_sum", x, x, 0.5, isa), np.float64)
         want = np.exp((x - np.float32(0.5)).astype(np.float64))  # the kernel subtracts in float32

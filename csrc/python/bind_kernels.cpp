@@ -41,18 +41,18 @@ void bind_kernels(nb::module_& m) {
        "Activations as the kernels see them (blocks, then the per-block sums), with the given kernel set.");
     m.def("cpu_math", [](const std::string& fn, nb::ndarray<const float, nb::ndim<1>, nb::c_contig> x,
                          nb::ndarray<const float, nb::ndim<1>, nb::c_contig> u, float shift, const std::string& isa) {
-        // The elementwise kernels: "silu_mul" returns silu(x) · u, "exp_sum" returns e^(x - shift)
+        // The elementwise kernels: "silu_mul" / "gelu_mul" return act(x) · u, "exp_sum" returns e^(x - shift)
         // with its sum appended.
         const cpu::MathKernels k = isa == "scalar" ? cpu::math_kernels_scalar() : cpu::math_kernels(cpu::parse_isa(isa.c_str()));
         const size_t n = x.shape(0);
         std::vector<float> y(x.data(), x.data() + n);
-        if (fn == "silu_mul") {
+        if (fn == "silu_mul" || fn == "gelu_mul") {
             if (u.shape(0) != n) throw std::invalid_argument("x and u differ in length");
-            k.silu_mul(y.data(), u.data(), static_cast<int64_t>(n));
+            (fn == "silu_mul" ? k.silu_mul : k.gelu_mul)(y.data(), u.data(), static_cast<int64_t>(n));
         } else if (fn == "exp_sum") {
             y.push_back(k.exp_sum(y.data(), static_cast<int64_t>(n), shift));
         } else {
-            throw std::invalid_argument("unknown math kernel '" + fn + "' (silu_mul, exp_sum)");
+            throw std::invalid_argument("unknown math kernel '" + fn + "' (silu_mul, gelu_mul, exp_sum)");
         }
         return y;
     }, nb::arg("fn"), nb::arg("x"), nb::arg("u"), nb::arg("shift"), nb::arg("isa"));
