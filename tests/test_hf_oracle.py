@@ -4,7 +4,7 @@
 checked against the float64 NumPy reference in test_engine.py instead.)
 
 Real models: SmolLM2-135M-Instruct Q4_1 and Gemma 3 270M Q4_K_M (from PyPI). Tiny random
-models of llama, qwen2, qwen3 and gemma3 written by edgerunner.model_builder. transformers dequantizes the GGUF to float32 and
+models of llama, qwen2, qwen3, gemma3 and phi3 written by edgerunner.model_builder. transformers dequantizes the GGUF to float32 and
 runs its own implementation, so this is independent of edgerunner's kernels and layouts.
 """
 
@@ -119,6 +119,8 @@ TINY = [
     ("gemma3", "F32", {}),  # 5 local layers (window 8 < the 48-token prompt) per global one
     ("gemma3", "Q8_0", dict(n_kv_heads=2)),
     ("gemma3", "Q4_K", dict(dim=256, ffn_dim=512)),
+    ("phi3", "F32", {}),  # fused attn_qkv and gate+up tensors, bound as row ranges
+    ("phi3", "Q4_0", dict(n_kv_heads=2)),
 ]
 
 

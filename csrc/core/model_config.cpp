@@ -29,7 +29,7 @@ int64_t required(const GGUFFile& f, const std::string& key) {
 }  // namespace
 
 const std::vector<std::string>& supported_architectures() {
-    static const std::vector<std::string> archs = {"llama", "qwen2", "qwen3", "gemma3"};
+    static const std::vector<std::string> archs = {"llama", "qwen2", "qwen3", "gemma3", "phi3"};
     return archs;
 }
 
@@ -87,6 +87,8 @@ ModelConfig read_model_config(const GGUFFile& f) {
     } else if (c.arch == "qwen3") {
         c.rope_style = RopeStyle::Neox;
         c.qk_norm = true;
+    } else if (c.arch == "phi3") {
+        c.rope_style = RopeStyle::Neox;
     } else if (c.arch == "gemma3") {
         // Gemma 3: 5 local layers (window, rope base 10000 unless the file says) per global one.
         c.rope_style = RopeStyle::Neox;

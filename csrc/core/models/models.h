@@ -16,6 +16,7 @@ Weight bind_f32(const GGUFFile& f, const std::string& name, int64_t n, bool opti
 ModelWeights bind_llama_weights(const GGUFFile& f, const ModelConfig& c);
 Plan build_llama_plan(const ModelConfig& c, const ModelWeights& m, StepKind kind, int64_t max_tokens);
 ModelWeights bind_gemma3_weights(const GGUFFile& f, const ModelConfig& c);
+ModelWeights bind_phi3_weights(const GGUFFile& f, const ModelConfig& c);  // plan: build_llama_plan
 Plan build_gemma3_plan(const ModelConfig& c, const ModelWeights& m, StepKind kind, int64_t max_tokens);
 
 // Dispatch on c.arch (read_model_config has already refused unsupported architectures).

@@ -1,0 +1,49 @@
+// Phi-3 / Phi-3.5: the llama recipe over fused tensors, which GGUF keeps fused:
+//   attn_qkv = [Wq; Wk; Wv] (rows q, then k, then v)   ffn_up = [Wgate; Wup] (gate rows first)
+// bound as row ranges of the one tensor, in place. RoPE: neox pairs.
+#include <stdexcept>
+
+#include "models.h"
+
+namespace edgerunner {
+namespace {
+
+// Rows [r0, r0 + rows) of w, in place.
+Weight rows_of(const Weight& w, int64_t r0, int64_t rows) {
+    Weight v = w;
+    v.data = w.data + static_cast<size_t>(r0) * w.row_bytes;
+    v.rows = rows;
+    return v;
+}
+
+}  // namespace
+
+ModelWeights bind_phi3_weights(const GGUFFile& f, const ModelConfig& c) {
+    if (f.find_tensor("rope_factors_long.weight") || f.find_tensor("blk.0.rope_factors_long.weight"))
+        throw std::invalid_argument(f.path() + ": this Phi-3 uses LongRoPE scaling (rope_factors_long/short), which this "
+                                               "build does not run yet; the 4k-context Phi-3 models work");
+    ModelWeights m;
+    const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
+    m.token_embd = bind(f, "token_embd.weight", c.n_embd, c.n_vocab);
+    m.output_norm = bind_f32(f, "output_norm.weight", c.n_embd);
+    m.output = c.tied_output ? m.token_embd : bind(f, "output.weight", c.n_embd, c.n_vocab);
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+        const std::string p = "blk." + std::to_string(i) + ".";
+        LayerWeights l;
+        l.attn_norm = bind_f32(f, p + "attn_norm.weight", c.n_embd);
+        const Weight qkv = bind(f, p + "attn_qkv.weight", c.n_embd, q_dim + 2 * kv_dim);
+        l.wq = rows_of(qkv, 0, q_dim);
+        l.wk = rows_of(qkv, q_dim, kv_dim);
+        l.wv = rows_of(qkv, q_dim + kv_dim, kv_dim);
+        l.wo = bind(f, p + "attn_output.weight", q_dim, c.n_embd);
+        l.ffn_norm = bind_f32(f, p + "ffn_norm.weight", c.n_embd);
+        const Weight gate_up = bind(f, p + "ffn_up.weight", c.n_embd, 2 * c.n_ff);
+        l.w_gate = rows_of(gate_up, 0, c.n_ff);
+        l.w_up = rows_of(gate_up, c.n_ff, c.n_ff);
+        l.w_down = bind(f, p + "ffn_down.weight", c.n_ff, c.n_embd);
+        m.layers.push_back(l);
+    }
+    return m;
+}
+
+}  // namespace edgerunner
