@@ -163,8 +163,10 @@ def test_context_and_token_errors(tmp_path):
 
 def test_unsupported_architecture_and_type(tmp_path):
     path = tmp_path / "g.gguf"
-    write_random_model(path, arch="phi3", preset="tiny", seed=1)
-    with pytest.raises(ValueError, match="architecture 'phi3' is not supported by this build; supported: llama, qwen2, qwen3"):
+    write_random_model(path, arch="llama", preset="tiny", seed=1)
+    path.write_bytes(path.read_bytes().replace(b"llama", b"mamba"))  # an architecture we do not run
+    with pytest.raises(ValueError, match="architecture 'mamba' is not supported by this build; "
+                                         "supported: llama, qwen2, qwen3, gemma3, phi3"):
         _core.Model.load(str(path))
 
 
@@ -184,3 +186,22 @@ def test_generation_is_seeded_and_stops(tmp_path):
         assert cut == a[: a.find(stop)]
     with pytest.raises(ContextLengthError):
         model.generate(list(range(300)) * 2, max_tokens=1)
+
+
+def test_gemma3_local_layers_keep_only_the_window(tmp_path):
+    """Gemma 3's local layers get a circular cache of window + chunk slots (here 8 + 4) while its
+    global layer keeps the whole context: reset, extend, decode still give one full prefill's
+    logits exactly, and a rewind into slots the local rings overwrote falls back to reset."""
+    path = tmp_path / "g.gguf"
+    write_random_model(path, arch="gemma3", preset="tiny", tensor_type="Q8_0", seed=4)
+    model = _core.Model.load(str(path), backend="cpu", n_threads=2, prefill_chunk=4, n_ctx=128)
+    ids = prompt(np.random.default_rng(5), 60)
+    full = _core.Session(model).eval_all(ids)
+    s = _core.Session(model)
+    assert s.eval(ids[:7]) == "reset"
+    assert np.array_equal(s.logits(), full[6])
+    assert s.eval(ids[:45]) == "extend"
+    assert s.eval(ids[:46]) == "decode"
+    assert np.array_equal(s.logits(), full[45])
+    assert s.eval(ids[:20]) == "reset"
+    assert np.array_equal(s.logits(), full[19])

@@ -1,5 +1,6 @@
 #include "kv_cache.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -26,7 +27,31 @@ const char* kv_type_name(KvType t) {
 KVCache::KVCache(KvType type_, int64_t n_layer_, int64_t capacity_, int64_t n_head_kv, int64_t head_dim_, bool circular_,
                  bool host_storage)
     : type(type_), n_layer(n_layer_), capacity(capacity_), kv_dim(n_head_kv * head_dim_), head_dim(head_dim_),
-      circular(circular_) {
+      circular(circular_), ring(circular_ ? capacity_ : 0), layer_capacity(static_cast<size_t>(n_layer_), capacity_) {
+    layout(host_storage);
+}
+
+KVCache::KVCache(KvType type_, const std::vector<int64_t>& capacities, int64_t n_ctx, int64_t n_head_kv, int64_t head_dim_,
+                 bool host_storage)
+    : type(type_), n_layer(static_cast<int64_t>(capacities.size())), kv_dim(n_head_kv * head_dim_), head_dim(head_dim_),
+      layer_capacity(capacities) {
+    for (int64_t c : capacities) {
+        capacity = std::max(capacity, c);
+        if (c < n_ctx) {
+            circular = true;
+            ring = ring ? std::min(ring, c) : c;
+        }
+    }
+    layout(host_storage);
+}
+
+bool KVCache::uniform() const {
+    for (int64_t c : layer_capacity)
+        if (c != capacity) return false;
+    return true;
+}
+
+void KVCache::layout(bool host_storage) {
     switch (type) {
         case KvType::F32: row_bytes = static_cast<size_t>(kv_dim) * 4; break;
         case KvType::F16: row_bytes = static_cast<size_t>(kv_dim) * 2; break;
@@ -37,6 +62,8 @@ KVCache::KVCache(KvType type_, int64_t n_layer_, int64_t capacity_, int64_t n_he
             row_bytes = static_cast<size_t>(kv_dim / QK8_0) * sizeof(block_q8_0);
             break;
     }
+    layer_offset.assign(1, 0);  // n_layer + 1 entries: the last is the end, bytes()
+    for (int64_t c : layer_capacity) layer_offset.push_back(layer_offset.back() + 2 * static_cast<size_t>(c) * row_bytes);
     if (!host_storage) return;  // a device backend keeps the slots in its own memory
     storage.reset(new uint8_t[bytes()]);
     std::memset(storage.get(), 0, bytes());

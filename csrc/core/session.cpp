@@ -140,13 +140,13 @@ struct Session::Impl {
         const auto& c = model.config();
         const auto& o = model.options();
         const KvType type = o.precise ? KvType::F32 : parse_kv_type(o.kv_type);
-        // A sliding window bounds what attention reads: a circular cache of window + one
-        // prefill chunk holds every slot a step can touch.
+        // A sliding window bounds what a windowed layer reads: a circular cache of window + one
+        // prefill chunk holds every slot a step can touch; the other layers keep the context.
         const int64_t chunk = model.impl().prefill_plan.max_tokens;
-        // (Interleaved local/global layers keep the full cache: the global ones read it all.)
-        const bool circular = c.sliding_window > 0 && c.sliding_window_pattern == 0 && c.sliding_window + chunk < model.n_ctx();
-        const int64_t capacity = circular ? c.sliding_window + chunk : model.n_ctx();
-        return KVCache(type, c.n_layer, capacity, c.n_head_kv, c.head_dim, circular, model.backend() == "cpu");
+        std::vector<int64_t> capacities(static_cast<size_t>(c.n_layer), model.n_ctx());
+        for (int64_t i = 0; i < c.n_layer; ++i)
+            if (c.layer_is_local(i) && c.sliding_window + chunk < model.n_ctx()) capacities[i] = c.sliding_window + chunk;
+        return KVCache(type, capacities, model.n_ctx(), c.n_head_kv, c.head_dim, model.backend() == "cpu");
     }
 
     explicit Impl(std::shared_ptr<Model> m) : model(std::move(m)), kv(make_cache(*model)) {
@@ -204,7 +204,7 @@ struct Session::Impl {
         size_t common = 0;
         const size_t limit = std::min(n, tokens.size());
         while (common < limit && tokens[common] == ids[common]) ++common;
-        if (common < tokens.size() && kv.circular && static_cast<int64_t>(tokens.size()) > kv.capacity) return 0;
+        if (common < tokens.size() && kv.circular && static_cast<int64_t>(tokens.size()) > kv.ring) return 0;
         return common;
     }
 };

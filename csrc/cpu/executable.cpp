@@ -353,6 +353,7 @@ void Executable::attention(const Op& op, const StepInputs& in, int ith, int nth)
     const size_t head_bytes = kv_.row_bytes / static_cast<size_t>(c_.n_head_kv);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     float* scores = scores_.data() + static_cast<size_t>(ith) * kv_.capacity;
+    const int64_t capacity = kv_.capacity_of(op.layer);
     // (token, head) pairs dealt round-robin: a causal token's cost grows with its position, so
     // contiguous ranges would leave the first thread idle at the barrier.
     for (int64_t i = ith; i < in.n_tokens * op.heads; i += nth) {
@@ -362,7 +363,7 @@ void Executable::attention(const Op& op, const StepInputs& in, int ith, int nth)
         const int64_t start = op.window > 0 ? std::max<int64_t>(0, pos - op.window + 1) : 0;
         const float* q = row(op.in, t) + h * hd;
         const int64_t n = pos + 1 - start;
-        kv_fn_.scores(kv_.k(op.layer, 0) + head_offset, kv_.row_bytes, kv_.capacity, start, pos + 1, q, hd, scale, scores);
+        kv_fn_.scores(kv_.k(op.layer, 0) + head_offset, kv_.row_bytes, capacity, start, pos + 1, q, hd, scale, scores);
         float mx = -INFINITY;
         for (int64_t j = 0; j < n; ++j) mx = std::max(mx, scores[j]);
         const float sum = math_.exp_sum(scores, n, mx);
@@ -370,7 +371,7 @@ void Executable::attention(const Op& op, const StepInputs& in, int ith, int nth)
         for (int64_t j = 0; j < n; ++j) scores[j] *= inv;
         float* out = row(op.out, t) + h * hd;
         std::fill(out, out + hd, 0.0f);
-        kv_fn_.values(kv_.v(op.layer, 0) + head_offset, kv_.row_bytes, kv_.capacity, start, pos + 1, scores, hd, out);
+        kv_fn_.values(kv_.v(op.layer, 0) + head_offset, kv_.row_bytes, capacity, start, pos + 1, scores, hd, out);
     }
 }
 

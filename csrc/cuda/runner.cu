@@ -74,6 +74,8 @@ struct DeviceKv {
 };
 
 std::shared_ptr<DeviceKv> make_kv(const KVCache& layout) {
+    if (!layout.uniform())
+        throw std::invalid_argument("the CUDA backend keeps one KV capacity for every layer; this model mixes windowed and full layers");
     if (layout.type != KvType::F16)
         throw std::invalid_argument(std::string("KV cache type ") + kv_type_name(layout.type) +
                                     " is not available on the CUDA backend yet; use f16 (the default)");
