@@ -53,12 +53,16 @@ Weight bind_f32(const GGUFFile& f, const std::string& name, int64_t n, bool opti
     return w;
 }
 
-ModelWeights bind_llama_weights(const GGUFFile& f, const ModelConfig& c) {
-    ModelWeights m;
-    const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
+void bind_embeddings_and_head(const GGUFFile& f, const ModelConfig& c, ModelWeights& m) {
     m.token_embd = bind(f, "token_embd.weight", c.n_embd, c.n_vocab);
     m.output_norm = bind_f32(f, "output_norm.weight", c.n_embd);
     m.output = c.tied_output ? m.token_embd : bind(f, "output.weight", c.n_embd, c.n_vocab);
+}
+
+ModelWeights bind_llama_weights(const GGUFFile& f, const ModelConfig& c) {
+    ModelWeights m;
+    const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
+    bind_embeddings_and_head(f, c, m);
     if (c.rope_freq_factors) m.rope_freqs = bind_f32(f, "rope_freqs.weight", c.rope_dim / 2);
     for (int64_t i = 0; i < c.n_layer; ++i) {
         const std::string p = "blk." + std::to_string(i) + ".";

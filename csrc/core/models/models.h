@@ -13,6 +13,9 @@ namespace edgerunner {
 Weight bind(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows, bool optional = false);
 Weight bind_f32(const GGUFFile& f, const std::string& name, int64_t n, bool optional = false);
 
+// token_embd, output_norm and the LM head (token_embd itself when the model ties them).
+void bind_embeddings_and_head(const GGUFFile& f, const ModelConfig& c, ModelWeights& m);
+
 ModelWeights bind_llama_weights(const GGUFFile& f, const ModelConfig& c);
 Plan build_llama_plan(const ModelConfig& c, const ModelWeights& m, StepKind kind, int64_t max_tokens);
 ModelWeights bind_gemma3_weights(const GGUFFile& f, const ModelConfig& c);

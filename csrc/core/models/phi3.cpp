@@ -24,9 +24,7 @@ ModelWeights bind_phi3_weights(const GGUFFile& f, const ModelConfig& c) {
                                                "build does not run yet; the 4k-context Phi-3 models work");
     ModelWeights m;
     const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
-    m.token_embd = bind(f, "token_embd.weight", c.n_embd, c.n_vocab);
-    m.output_norm = bind_f32(f, "output_norm.weight", c.n_embd);
-    m.output = c.tied_output ? m.token_embd : bind(f, "output.weight", c.n_embd, c.n_vocab);
+    bind_embeddings_and_head(f, c, m);
     for (int64_t i = 0; i < c.n_layer; ++i) {
         const std::string p = "blk." + std::to_string(i) + ".";
         LayerWeights l;
