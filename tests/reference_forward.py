@@ -2,8 +2,11 @@
 
 It reads the GGUF with the gguf package and dequantizes with gguf.quants (not with
 edgerunner), follows llama.cpp's conventions (adjacent-pair RoPE for `llama`, whose Q/K weights
-the converter permuted; half-split RoPE for qwen), and applies `rope_freqs` and linear RoPE
-scaling, which transformers' GGUF loader ignores.
+the converter permuted; half-split RoPE for qwen and phi3), splits phi3's fused attn_qkv and
+gate+up tensors, and applies `rope_freqs`, linear RoPE scaling and phi3's LongRoPE (the short
+factors up to the original context, the long ones beyond, cos/sin × the attention factor),
+which transformers' GGUF loader ignores. `n_ctx` is the engine's context length (LongRoPE picks
+its factors by it); by default the model's.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import numpy as np
 
 
 class ReferenceModel:
-    def __init__(self, path):
+    def __init__(self, path, n_ctx=None):
         r = gguf.GGUFReader(path)
         self.md = {k: f.contents() for k, f in r.fields.items()}
         arch = self.md["general.architecture"]
@@ -34,9 +37,26 @@ class ReferenceModel:
             x = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float64)
             self.w[t.name] = x.reshape([int(d) for d in reversed(t.shape)]) if len(t.shape) > 1 else x.reshape(-1)
         self.out = self.w.get("output.weight", self.w["token_embd.weight"])
+        if arch == "phi3":  # fused tensors: q, k, v rows; gate rows, then up rows
+            q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv * self.head_dim
+            for i in range(self.n_layer):
+                p = f"blk.{i}."
+                qkv = self.w.pop(p + "attn_qkv.weight")
+                self.w[p + "attn_q.weight"], self.w[p + "attn_k.weight"], self.w[p + "attn_v.weight"] = \
+                    qkv[:q_dim], qkv[q_dim:q_dim + kv_dim], qkv[q_dim + kv_dim:]
+                gate_up = self.w.pop(p + "ffn_up.weight")
+                half = gate_up.shape[0] // 2
+                self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"] = gate_up[:half], gate_up[half:]
         inv = 1.0 / self.base ** (np.arange(0, self.head_dim, 2, dtype=np.float64) / self.head_dim)
         if "rope_freqs.weight" in self.w:
             inv = inv / self.w["rope_freqs.weight"]
+        self.attn_factor = 1.0
+        if "rope_factors_long.weight" in self.w:
+            ctx_train = get("context_length")
+            orig = get("rope.scaling.original_context_length", ctx_train)
+            n_ctx = n_ctx or min(ctx_train, 4096)
+            inv = inv / self.w["rope_factors_long.weight" if n_ctx > orig else "rope_factors_short.weight"]
+            self.attn_factor = get("rope.scaling.attn_factor", 1.0)
         self.inv_freq = inv
 
     def norm(self, x, w):
@@ -44,7 +64,7 @@ class ReferenceModel:
 
     def rope(self, x, positions):  # x: (T, H, D)
         ang = (positions * self.pos_scale)[:, None] * self.inv_freq[None, :]
-        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        cos, sin = np.cos(ang)[:, None, :] * self.attn_factor, np.sin(ang)[:, None, :] * self.attn_factor
         y = x.copy()
         if self.arch == "llama":
             a, b = x[..., 0::2], x[..., 1::2]

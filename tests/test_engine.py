@@ -13,7 +13,8 @@ from edgerunner.model_builder import write_random_model
 from reference_forward import ReferenceModel
 
 # (arch, tensor type, overrides): GQA ratios 4:2, 4:1, 4:4; tied and untied heads; biases
-# (qwen2); per-head Q/K norm and explicit head size (qwen3); RoPE scaling (linear, llama3).
+# (qwen2); per-head Q/K norm and explicit head size (qwen3); RoPE scaling (linear, llama3,
+# phi3's LongRoPE: n_ctx 256 > the original 64, so the long factors and the attention factor).
 K = dict(dim=256, ffn_dim=512)  # rows of 256 so that k-quants are used as asked
 CASES = [
     ("llama", "F32", {}),
@@ -41,6 +42,8 @@ CASES = [
     ("qwen2", "Q8_0", dict(n_kv_heads=1)),
     ("qwen3", "F32", {}),
     ("qwen3", "Q4_K", dict(K, tied=False)),
+    ("phi3", "F32", {}),
+    ("phi3", "Q8_0", dict(context_length=256, rope_scaling=dict(type="longrope", original_context_length=64))),
 ]
 IDS = [f"{a}-{t}-{'-'.join(f'{k}={v}' for k, v in o.items() if k not in K) or 'base'}" for a, t, o in CASES]
 
@@ -205,3 +208,19 @@ def test_gemma3_local_layers_keep_only_the_window(tmp_path):
     assert np.array_equal(s.logits(), full[45])
     assert s.eval(ids[:20]) == "reset"
     assert np.array_equal(s.logits(), full[19])
+
+
+def test_phi3_longrope_short_factors_within_the_original_context(tmp_path):
+    """LongRoPE's other half: a context no longer than the original (64) uses the short factors."""
+    path = tmp_path / "p.gguf"
+    write_random_model(path, arch="phi3", preset="tiny", tensor_type="F32", seed=6, context_length=256,
+                       rope_scaling=dict(type="longrope", original_context_length=64))
+    ids = prompt(np.random.default_rng(7), 40)
+    for n_ctx in (64, 256):
+        model = _core.Model.load(str(path), backend="cpu", precise=True, n_threads=2, prefill_chunk=16, n_ctx=n_ctx)
+        want = ReferenceModel(path, n_ctx=n_ctx).logits(ids)
+        got = _core.Session(model).eval_all(ids)
+        assert np.abs(got - want).max() <= 1e-4, n_ctx
+    short = ReferenceModel(path, n_ctx=64).logits(ids)
+    long = ReferenceModel(path, n_ctx=256).logits(ids)
+    assert np.abs(short - long).max() > 1e-3  # the two factor sets really differ

@@ -69,6 +69,16 @@ ModelConfig read_model_config(const GGUFFile& f) {
     c.n_vocab = static_cast<int64_t>(embd->shape[1]);
     c.tied_output = f.find_tensor("output.weight") == nullptr;
     c.rope_freq_factors = f.find_tensor("rope_freqs.weight") != nullptr;
+    if (f.find_tensor("rope_factors_long.weight") || f.find_tensor("rope_factors_short.weight")) {
+        if (!f.find_tensor("rope_factors_long.weight") || !f.find_tensor("rope_factors_short.weight"))
+            bad(f, "LongRoPE needs both rope_factors_long and rope_factors_short");
+        c.rope_longrope = true;
+        c.rope_orig_ctx = f.find(a + "rope.scaling.original_context_length") ? required(f, a + "rope.scaling.original_context_length")
+                                                                              : c.n_ctx_train;
+        const double factor = static_cast<double>(c.n_ctx_train) / static_cast<double>(c.rope_orig_ctx);
+        const double fallback = factor > 1 ? std::sqrt(1 + std::log(factor) / std::log(static_cast<double>(c.rope_orig_ctx))) : 1.0;
+        c.rope_attn_factor = static_cast<float>(f.get_float(a + "rope.scaling.attn_factor", fallback));
+    }
 
     std::string scaling(f.get_string(a + "rope.scaling.type", "none"));
     if (scaling == "linear") {

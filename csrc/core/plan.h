@@ -68,7 +68,8 @@ struct LayerWeights {
     Weight ffn_norm, w_gate, w_up, w_down, post_ffn_norm;
 };
 struct ModelWeights {
-    Weight token_embd, output_norm, output, rope_freqs;
+    Weight token_embd, output_norm, output, rope_freqs;  // rope_freqs: the per-pair factors RoPE uses
+    Weight rope_factors_short, rope_factors_long;        // LongRoPE's two sets (one becomes rope_freqs)
     std::vector<LayerWeights> layers;
 };
 

@@ -79,11 +79,13 @@ std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
     m.weights = bind_weights(m.file, m.config);
     m.n_ctx = options.n_ctx ? options.n_ctx : std::min(m.config.n_ctx_train, kDefaultMaxContext);
     const int64_t chunk = std::min(options.prefill_chunk, m.n_ctx);
+    if (m.config.rope_longrope)  // LongRoPE: the long factors only when the context outgrows the original
+        m.weights.rope_freqs = m.n_ctx > m.config.rope_orig_ctx ? m.weights.rope_factors_long : m.weights.rope_factors_short;
     m.decode_plan = build_plan(m.config, m.weights, StepKind::Decode, 1);
     m.prefill_plan = build_plan(m.config, m.weights, StepKind::Prefill, chunk);
 #if defined(ER_HAVE_CUDA)
     if (m.backend == "cuda") {
-        const std::string missing = cuda::unsupported(m.prefill_plan);
+        const std::string missing = cuda::unsupported(m.config, m.prefill_plan);
         if (missing.empty()) {
             m.device = cuda::upload({&m.decode_plan, &m.prefill_plan});
             return model;

@@ -163,6 +163,10 @@ void Executable::run(const StepInputs& in) {
                 const float theta = pos * inv_freq_[b][k];
                 rope_cos_[b][t * half + k] = std::cos(theta);
                 rope_sin_[b][t * half + k] = std::sin(theta);
+                if (c_.rope_attn_factor != 1.0f) {  // LongRoPE's attention factor
+                    rope_cos_[b][t * half + k] *= c_.rope_attn_factor;
+                    rope_sin_[b][t * half + k] *= c_.rope_attn_factor;
+                }
             }
         }
     for (size_t i = 0; i < steps_.size(); ++i) next_chunk_[i].store(0, std::memory_order_relaxed);

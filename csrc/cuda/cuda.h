@@ -31,7 +31,7 @@ enum class Dispatch { Eager, Recorded };
 Dispatch parse_dispatch(const std::string& name);  // eager, recorded, auto (= recorded)
 
 // What in a plan the CUDA backend cannot run yet (empty: it runs all of it).
-std::string unsupported(const Plan& plan);
+std::string unsupported(const ModelConfig& config, const Plan& plan);
 
 // A prepared plan on the device: scratch allocated here, one stream, ops launched per step.
 std::unique_ptr<StepRunner> make_runner(const ModelConfig& config, const Plan& plan, std::shared_ptr<DeviceModel> weights,

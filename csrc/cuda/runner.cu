@@ -311,7 +311,8 @@ Dispatch parse_dispatch(const std::string& name) {
     throw std::invalid_argument("unknown dispatch mode '" + name + "'; choose eager, recorded or auto");
 }
 
-std::string unsupported(const Plan& plan) {
+std::string unsupported(const ModelConfig& c, const Plan& plan) {
+    if (c.rope_attn_factor != 1.0f) return "LongRoPE's attention factor";
     for (const Op& op : plan.ops) {
         if (op.kind == OpKind::GeGLU) return "GELU-gated feed-forward";
         if (op.kind == OpKind::RmsNorm && op.accumulate) return "post-norms into the residual";

@@ -97,7 +97,9 @@ class ModelConfig:
     tied: bool = True  # no output.weight; the LM head reuses token_embd
     rope_base: float = 10000.0
     # {"type": "llama3", "factor", "low_freq_factor", "high_freq_factor", "original_context_length"}
-    # writes a rope_freqs tensor; {"type": "linear", "factor"} writes rope.scaling metadata.
+    # writes a rope_freqs tensor; {"type": "linear", "factor"} writes rope.scaling metadata;
+    # {"type": "longrope", "original_context_length"} (phi3) writes rope_factors_long/short and
+    # the attention factor for context_length / original_context_length.
     rope_scaling: dict[str, Any] | None = None
     context_length: int = 2048
     rms_eps: float = 1e-5
@@ -252,7 +254,8 @@ def tensor_plan(arch: str, config: ModelConfig, tensor_type: str | QType = "F32"
         if suffix == "bias":
             plan.append(TensorSpec(name, shape, QType.F32, "bias"))
         elif len(shape) == 1:
-            plan.append(TensorSpec(name, shape, QType.F32, "rope_freqs" if role == "rope_freqs" else "norm"))
+            kind_1d = role if role in ("rope_freqs", "rope_factors_long", "rope_factors_short") else "norm"
+            plan.append(TensorSpec(name, shape, QType.F32, kind_1d))
         else:
             if isinstance(wanted, str):
                 qtype = mix_tensor_type(wanted, role, layer, c.n_layers, shape[-1], c.tied)
@@ -270,6 +273,9 @@ def tensor_plan(arch: str, config: ModelConfig, tensor_type: str | QType = "F32"
     add(MODEL_TENSOR.TOKEN_EMBD, "weight", (c.vocab_size, c.dim))
     if c.rope_scaling and c.rope_scaling.get("type") == "llama3":
         add(MODEL_TENSOR.ROPE_FREQS, "weight", (hd // 2,))
+    if c.rope_scaling and c.rope_scaling.get("type") == "longrope":  # Phi-3 128k: per-pair factors
+        add(MODEL_TENSOR.ROPE_FACTORS_LONG, "weight", (hd // 2,))
+        add(MODEL_TENSOR.ROPE_FACTORS_SHORT, "weight", (hd // 2,))
     for i in range(c.n_layers):
         add(MODEL_TENSOR.ATTN_NORM, "weight", (c.dim,), i)
         if arch == "phi3":
@@ -384,6 +390,10 @@ def _tensor_data(spec: TensorSpec, config: ModelConfig, seed: int) -> np.ndarray
     rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
     if spec.kind == "rope_freqs":
         return _llama3_rope_factors(config)
+    if spec.kind in ("rope_factors_long", "rope_factors_short"):  # as Phi-3's: ~1 short, up to tens long
+        n = config.head_size // 2
+        top = 20.0 if spec.kind == "rope_factors_long" else 1.5
+        return np.geomspace(1.0, top, n).astype(np.float32)
     if spec.kind == "norm":
         return (1.0 + 0.1 * rng.standard_normal(spec.shape, dtype=np.float32)).astype(np.float32)
     if spec.kind == "bias" or spec.qtype in (QType.F32, QType.F16, QType.BF16):
@@ -497,8 +507,14 @@ def _write_metadata(writer: gguf.GGUFWriter, arch: str, config: ModelConfig, wan
     if scaling.get("type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(scaling["factor"]))
+    elif scaling.get("type") == "longrope":
+        orig = int(scaling["original_context_length"])
+        factor = c.context_length / orig
+        writer.add_uint32(gguf.Keys.Rope.SCALING_ORIG_CTX_LEN.format(arch=arch), orig)
+        writer.add_float32(gguf.Keys.Rope.SCALING_ATTN_FACTOR.format(arch=arch),
+                           float(np.sqrt(1 + np.log(factor) / np.log(orig))) if factor > 1 else 1.0)
     elif scaling and scaling.get("type") != "llama3":
-        raise ValueError(f"rope_scaling type {scaling.get('type')!r} is not supported; use 'llama3' or 'linear'")
+        raise ValueError(f"rope_scaling type {scaling.get('type')!r} is not supported; use 'llama3', 'linear' or 'longrope'")
 
     tokens, merges, types = _bpe_vocab(c.vocab_size)
     writer.add_tokenizer_model("gpt2")

@@ -1,6 +1,7 @@
 // Phi-3 / Phi-3.5: the llama recipe over fused tensors, which GGUF keeps fused:
 //   attn_qkv = [Wq; Wk; Wv] (rows q, then k, then v)   ffn_up = [Wgate; Wup] (gate rows first)
-// bound as row ranges of the one tensor, in place. RoPE: neox pairs.
+// bound as row ranges of the one tensor, in place. RoPE: neox pairs; the 128k models' LongRoPE
+// factors (short below the original context, long above) divide the frequencies.
 #include <stdexcept>
 
 #include "models.h"
@@ -19,12 +20,13 @@ Weight rows_of(const Weight& w, int64_t r0, int64_t rows) {
 }  // namespace
 
 ModelWeights bind_phi3_weights(const GGUFFile& f, const ModelConfig& c) {
-    if (f.find_tensor("rope_factors_long.weight") || f.find_tensor("blk.0.rope_factors_long.weight"))
-        throw std::invalid_argument(f.path() + ": this Phi-3 uses LongRoPE scaling (rope_factors_long/short), which this "
-                                               "build does not run yet; the 4k-context Phi-3 models work");
     ModelWeights m;
     const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
     bind_embeddings_and_head(f, c, m);
+    if (c.rope_longrope) {  // Model::load picks one set for its context length
+        m.rope_factors_short = bind_f32(f, "rope_factors_short.weight", c.rope_dim / 2);
+        m.rope_factors_long = bind_f32(f, "rope_factors_long.weight", c.rope_dim / 2);
+    }
     for (int64_t i = 0; i < c.n_layer; ++i) {
         const std::string p = "blk." + std::to_string(i) + ".";
         LayerWeights l;

@@ -32,6 +32,11 @@ struct ModelConfig {
     float rope_base = 10000.0f;
     float rope_linear_scale = 1.0f;  // positions are multiplied by this (1 / scaling factor)
     bool rope_freq_factors = false;  // rope_freqs.weight divides each pair's frequency (Llama 3.1+)
+    // LongRoPE (Phi-3 128k): rope_factors_short / _long divide the frequencies (long when the
+    // context exceeds rope_orig_ctx), and cos/sin are scaled by rope_attn_factor.
+    bool rope_longrope = false;
+    int64_t rope_orig_ctx = 0;
+    float rope_attn_factor = 1.0f;
 
     bool qkv_bias = false;      // qwen2: biases on the Q, K and V projections
     bool qk_norm = false;       // qwen3: RMSNorm over each Q and K head before RoPE
