@@ -144,3 +144,26 @@ def test_tiny_models_equal_transformers(tmp_path, arch, ttype, over):
     s = _core.Session(model)
     s.eval(ids)
     assert s.generate(_core.Sampler(320, logit_bias=banned_eos(hf)), 16, []) == out[0, len(ids):].tolist(), f"seed {seed}"
+
+
+@pytest.mark.parametrize("ttype", ["F32", "Q8_0"])
+def test_sliding_window_llama_equals_transformers_mistral(tmp_path, ttype):
+    """Mistral-style sliding window (every layer sees the last 8 positions) against transformers'
+    Mistral: its GGUF loader builds a plain Llama (it does not carry the window), so the same
+    weights go into MistralForCausalLM with sliding_window = 8. The prompt is 5× the window;
+    full attention would differ by ~0.4."""
+    seed = random.randrange(2**31)
+    path = tmp_path / "swa.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type=ttype, seed=seed, window=8)
+    llama = hf_model(path)
+    keys = transformers.MistralConfig().to_dict()
+    config = transformers.MistralConfig(**{k: v for k, v in llama.config.to_dict().items() if k in keys})
+    config.sliding_window = 8
+    hf = transformers.MistralForCausalLM(config).eval()
+    hf.load_state_dict(llama.state_dict())
+    model = _core.Model.load(str(path), precise=True, backend="cpu", n_threads=2, prefill_chunk=16)
+    ids = np.random.default_rng(seed).integers(0, 320, size=40).astype(np.int32)
+    got = _core.Session(model).eval_all(ids)
+    want = hf_logits(hf, ids)
+    assert np.abs(got - want).max() <= 1e-4, f"seed {seed}"
+    assert np.abs(want - hf_logits(llama, ids)).max() > 1e-2  # the window really mattered
