@@ -130,7 +130,7 @@ public:
         size_t total = 0;
         for (int b = 0; b < kBufCount; ++b) {
             width_[b] = widths[b];
-            offset_[b] = total;  // 256-byte aligned: kernels read rows as float4
+            offset_[b] = total;  // 256-byte aligned rows of every buffer
             total += (static_cast<size_t>(widths[b] * plan_.max_tokens) + 63) / 64 * 64;
         }
         arena_ = device_alloc<float>(total);
