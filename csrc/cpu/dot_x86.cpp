@@ -72,18 +72,6 @@ inline __m256i nibbles(const uint8_t* qs) {
     return _mm256_set_m128i(hi, lo);
 }
 
-// The 32 bits of qh → 32 bytes, 0x10 where the bit is set (Q5_0 / Q5_1's fifth bit).
-inline __m256i fifth_bits(const uint8_t* qh) {
-    uint32_t bits;
-    std::memcpy(&bits, qh, 4);
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000);
-    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), shuf);
-    const __m256i mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
-    b = _mm256_or_si256(b, mask);
-    b = _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
-    return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
-}
-
 inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 const float* q8_0_sums(const void* x, int64_t nb) {
@@ -113,23 +101,6 @@ float dot_iq4_nl(const void* row, const void* xv, int64_t n) {
 }
 
 // ---- k-quants ---------------------------------------------------------------------------
-
-namespace {
-
-inline void k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
-// Σ over 32 elements of u8 weights × s8 activations (one sub-block), as int.
-inline int sub_dot(__m256i w_u8, const int8_t* x) { return hsum_i32(dot_u8s8(w_u8, load32(x))); }
-
-}  // namespace
 
 // dot_q4_K, dot_q5_K, dot_q6_K are the one-token case of the tiles further down.
 float dot_q4_K(const void* row, const void* x, int64_t n);
@@ -673,44 +644,21 @@ inline __m512i block_dot(const __m512i op[8], const int8_t* a) {
 
 // Per format: its 8 unsigned operands for a block of 8 rows, the integer offset subtracted per
 // element (× the activations' int sum), and whether a float minimum m is added.
-struct Q4_0 {
-    using Block = block_q4_0;
-    static constexpr int kOffset = 8;
-    static constexpr bool kMin = false;
+template <typename B, int Offset, bool Min, bool FifthBit>
+struct NibbleFormat {
+    using Block = B;
+    static constexpr int kOffset = Offset;
+    static constexpr bool kMin = Min;
     template <int R, typename V>
     static void operands(const uint8_t* const (&row)[R], size_t off, V op[8]) {
         nibble_operands(row, off + offsetof(Block, qs), op);
+        if constexpr (FifthBit) add_fifth_bits(row, off + offsetof(Block, qh), op);
     }
 };
-struct Q4_1 {
-    using Block = block_q4_1;
-    static constexpr int kOffset = 0;
-    static constexpr bool kMin = true;
-    template <int R, typename V>
-    static void operands(const uint8_t* const (&row)[R], size_t off, V op[8]) {
-        nibble_operands(row, off + offsetof(Block, qs), op);
-    }
-};
-struct Q5_0 {
-    using Block = block_q5_0;
-    static constexpr int kOffset = 16;
-    static constexpr bool kMin = false;
-    template <int R, typename V>
-    static void operands(const uint8_t* const (&row)[R], size_t off, V op[8]) {
-        nibble_operands(row, off + offsetof(Block, qs), op);
-        add_fifth_bits(row, off + offsetof(Block, qh), op);
-    }
-};
-struct Q5_1 {
-    using Block = block_q5_1;
-    static constexpr int kOffset = 0;
-    static constexpr bool kMin = true;
-    template <int R, typename V>
-    static void operands(const uint8_t* const (&row)[R], size_t off, V op[8]) {
-        nibble_operands(row, off + offsetof(Block, qs), op);
-        add_fifth_bits(row, off + offsetof(Block, qh), op);
-    }
-};
+using Q4_0 = NibbleFormat<block_q4_0, 8, false, false>;
+using Q4_1 = NibbleFormat<block_q4_1, 0, true, false>;
+using Q5_0 = NibbleFormat<block_q5_0, 16, false, true>;
+using Q5_1 = NibbleFormat<block_q5_1, 0, true, true>;
 // Signed weights become unsigned with a +128 bias (x ^ 0x80), taken back out through Σa.
 // Without VNNI the 16-bit pair sums of maddubs would saturate (255 · 127 · 2), so the plain
 // AVX2 build multiplies |w| by a carrying w's sign instead (see block_dot_signed).

@@ -1,7 +1,8 @@
 // One 32-element unit of a weight row, in the raw block layouts of edgerunner/quant_blocks.h:
-// dot() with 32 float activations (GEMV), load() into 32 floats (embedding rows, GEMM tiles). Every format splits into units of 32 consecutive
-// elements (a 32-element block, or sub-block u % 8 of a 256-element super-block), so a warp
-// spreads a row over its lanes the same way for every type. Nothing is ever dequantized to
+// load() into 32 floats (embedding rows) for every type; dot() with 32 float activations for the
+// types whose GEMV has no int8 fast path (quant_quarter.cuh covers Q4_0 … Q6_K). Every format
+// splits into units of 32 consecutive elements (a 32-element block, or sub-block u % 8 of a
+// 256-element super-block), so a warp spreads a row over its lanes the same way for every type. Nothing is ever dequantized to
 // memory: the weights go from their bytes to registers to the FMA.
 #pragma once
 
@@ -30,21 +31,9 @@ __device__ __forceinline__ void k_scale_min(const uint8_t* s, int j, int* sc, in
 template <TensorType T>
 struct Unit;
 
-// Σ over the 16 bytes of nibbles: low nibble j with x[j], high with x[j + 16], each minus `offset`.
-__device__ __forceinline__ float nibble_dot(const uint8_t* qs, const float* x, float offset) {
-    float s = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) s += (static_cast<float>(qs[j] & 0xF) - offset) * x[j] + (static_cast<float>(qs[j] >> 4) - offset) * x[j + 16];
-    return s;
-}
-
 template <>
 struct Unit<TensorType::Q4_0> {
     using Block = block_q4_0;
-    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
-        const Block& b = reinterpret_cast<const Block*>(row)[u];
-        return h2f(b.d) * nibble_dot(b.qs, x, 8.0f);
-    }
     static __device__ void load(const uint8_t* row, int64_t u, float* w) {
         const Block& b = reinterpret_cast<const Block*>(row)[u];
         const float d = h2f(b.d);
@@ -58,13 +47,6 @@ struct Unit<TensorType::Q4_0> {
 template <>
 struct Unit<TensorType::Q4_1> {
     using Block = block_q4_1;
-    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
-        const Block& b = reinterpret_cast<const Block*>(row)[u];
-        float xs = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) xs += x[j];
-        return h2f(b.d) * nibble_dot(b.qs, x, 0.0f) + h2f(b.m) * xs;
-    }
     static __device__ void load(const uint8_t* row, int64_t u, float* w) {
         const Block& b = reinterpret_cast<const Block*>(row)[u];
         const float d = h2f(b.d), m = h2f(b.m);
@@ -74,19 +56,6 @@ struct Unit<TensorType::Q4_1> {
         }
     }
 };
-
-template <typename Block>
-__device__ __forceinline__ float q5_dot(const Block& b, const float* x, float offset) {
-    const uint32_t qh = b.qh[0] | b.qh[1] << 8 | b.qh[2] << 16 | static_cast<uint32_t>(b.qh[3]) << 24;
-    float s = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        const int lo = (b.qs[j] & 0xF) | ((qh >> j) & 1) << 4;
-        const int hi = (b.qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4;
-        s += (static_cast<float>(lo) - offset) * x[j] + (static_cast<float>(hi) - offset) * x[j + 16];
-    }
-    return s;
-}
 
 template <typename Block>
 __device__ __forceinline__ void q5_load(const Block& b, float d, float offset, float* w) {
@@ -100,10 +69,6 @@ __device__ __forceinline__ void q5_load(const Block& b, float d, float offset, f
 template <>
 struct Unit<TensorType::Q5_0> {
     using Block = block_q5_0;
-    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
-        const Block& b = reinterpret_cast<const Block*>(row)[u];
-        return h2f(b.d) * q5_dot(b, x, 16.0f);
-    }
     static __device__ void load(const uint8_t* row, int64_t u, float* w) {
         const Block& b = reinterpret_cast<const Block*>(row)[u];
         q5_load(b, h2f(b.d), -16.0f * h2f(b.d), w);
@@ -113,13 +78,6 @@ struct Unit<TensorType::Q5_0> {
 template <>
 struct Unit<TensorType::Q5_1> {
     using Block = block_q5_1;
-    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
-        const Block& b = reinterpret_cast<const Block*>(row)[u];
-        float xs = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) xs += x[j];
-        return h2f(b.d) * q5_dot(b, x, 0.0f) + h2f(b.m) * xs;
-    }
     static __device__ void load(const uint8_t* row, int64_t u, float* w) {
         const Block& b = reinterpret_cast<const Block*>(row)[u];
         q5_load(b, h2f(b.d), h2f(b.m), w);
@@ -129,13 +87,6 @@ struct Unit<TensorType::Q5_1> {
 template <>
 struct Unit<TensorType::Q8_0> {
     using Block = block_q8_0;
-    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
-        const Block& b = reinterpret_cast<const Block*>(row)[u];
-        float s = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) s += static_cast<float>(b.qs[j]) * x[j];
-        return h2f(b.d) * s;
-    }
     static __device__ void load(const uint8_t* row, int64_t u, float* w) {
         const Block& b = reinterpret_cast<const Block*>(row)[u];
         for (int j = 0; j < 32; ++j) w[j] = h2f(b.d) * static_cast<float>(b.qs[j]);
@@ -228,26 +179,6 @@ struct Unit<TensorType::Q3_K> {
     }
 };
 
-// Q4_K / Q5_K: unit j is sub-block j: nibble j % 2 of qs[(j / 2)·32 + l] (+ bit j of qh[l]).
-template <typename Block, bool kFiveBit>
-__device__ __forceinline__ float q45_k_dot(const uint8_t* row, int64_t u, const float* x) {
-    const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
-    const int j = static_cast<int>(u % 8);
-    int sc, m;
-    k_scale_min(b.scales, j, &sc, &m);
-    const uint8_t* q = b.qs + (j / 2) * 32;
-    const int shift = 4 * (j % 2);
-    float qx = 0.0f, xs = 0.0f;
-#pragma unroll
-    for (int l = 0; l < 32; ++l) {
-        int v = (q[l] >> shift) & 0xF;
-        if constexpr (kFiveBit) v |= ((b.qh[l] >> j) & 1) << 4;
-        qx += static_cast<float>(v) * x[l];
-        xs += x[l];
-    }
-    return h2f(b.d) * static_cast<float>(sc) * qx - h2f(b.dmin) * static_cast<float>(m) * xs;
-}
-
 template <typename Block, bool kFiveBit>
 __device__ __forceinline__ void q45_k_load(const uint8_t* row, int64_t u, float* w) {
     const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
@@ -264,12 +195,10 @@ __device__ __forceinline__ void q45_k_load(const uint8_t* row, int64_t u, float*
 
 template <>
 struct Unit<TensorType::Q4_K> {
-    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) { return q45_k_dot<block_q4_K, false>(row, u, x); }
     static __device__ void load(const uint8_t* row, int64_t u, float* w) { q45_k_load<block_q4_K, false>(row, u, w); }
 };
 template <>
 struct Unit<TensorType::Q5_K> {
-    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) { return q45_k_dot<block_q5_K, true>(row, u, x); }
     static __device__ void load(const uint8_t* row, int64_t u, float* w) { q45_k_load<block_q5_K, true>(row, u, w); }
 };
 
@@ -278,23 +207,6 @@ struct Unit<TensorType::Q5_K> {
 template <>
 struct Unit<TensorType::Q6_K> {
     using Block = block_q6_K;
-    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
-        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
-        const int j = static_cast<int>(u % 8), h = j / 4, s = j % 4;
-        float out = 0.0f;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            float qx = 0.0f;
-#pragma unroll
-            for (int l = 16 * half; l < 16 * half + 16; ++l) {
-                const int lo = (b.ql[h * 64 + (s % 2) * 32 + l] >> (4 * (s / 2))) & 0xF;
-                const int hi = (b.qh[h * 32 + l] >> (2 * s)) & 3;
-                qx += static_cast<float>((lo | hi << 4) - 32) * x[l];
-            }
-            out += static_cast<float>(b.scales[h * 8 + s * 2 + half]) * qx;
-        }
-        return h2f(b.d) * out;
-    }
     static __device__ void load(const uint8_t* row, int64_t u, float* w) {
         const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
         const int j = static_cast<int>(u % 8), h = j / 4, s = j % 4;
