@@ -1,7 +1,7 @@
 """End-to-end benchmark, like llama-bench: prefill of N tokens (pp) and decode of M tokens (tg).
 
     python -m bench MODEL [MODEL ...] [--threads 2] [--pp 512] [--tg 128] [--reps 5]
-                    [--backend cpu|cuda] [--dispatch eager,recorded]
+                    [--backend cpu|cuda] [--dispatch eager,argument_buffers,recorded]
                     [--peer PATH/llama-bench] [--json out.json]
 
 MODEL is a .gguf path or a built-in name. Each figure is the mean ± standard deviation over
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=512, help="prefill chunk (tokens per step)")
     p.add_argument("--kv-type", default="f16")
     p.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dispatch", default="recorded", help="GPU dispatch modes, comma-separated: eager, recorded")
+    p.add_argument("--dispatch", default="recorded", help="GPU dispatch modes, comma-separated: eager, argument_buffers, recorded")
     p.add_argument("--peer", help="llama.cpp's llama-bench binary, run on the same files")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)

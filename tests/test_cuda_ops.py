@@ -28,7 +28,7 @@ def test_gemv_equals_float64(name):
     seed = random.randrange(2**32)
     rng = np.random.default_rng(seed)
     type_id = quants.type_id(name)
-    for n_rows, blocks in ((1, 1), (37, 3), (130, 9)):
+    for n_rows, blocks in ((1, 1), (37, 3), (130, 9), (5, 70)):  # 70 blocks: rows in several staged chunks
         n = blocks * (256 if name in K_TYPES else 32)
         if name == "BF16":
             w = rng.normal(0, 0.05, (n_rows, n)).astype(np.float32)

@@ -64,8 +64,8 @@ std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
     if (options.n_ctx < 0) throw std::invalid_argument("n_ctx must be positive (or 0 for the model's default)");
     if (options.prefill_chunk < 1) throw std::invalid_argument("prefill_chunk must be at least 1");
     if (options.n_threads < 0) throw std::invalid_argument("n_threads must be positive (or 0 for all cores)");
-    if (options.dispatch != "auto" && options.dispatch != "eager" && options.dispatch != "recorded")
-        throw std::invalid_argument("unknown dispatch mode '" + options.dispatch + "'; choose eager, recorded or auto");
+    if (options.dispatch != "auto" && options.dispatch != "eager" && options.dispatch != "argument_buffers" && options.dispatch != "recorded")
+        throw std::invalid_argument("unknown dispatch mode '" + options.dispatch + "'; choose eager, argument_buffers, recorded or auto");
     parse_kv_type(options.kv_type);
 
     std::shared_ptr<Model> model(new Model());

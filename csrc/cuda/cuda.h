@@ -21,14 +21,17 @@ namespace edgerunner::cuda {
 struct DeviceModel;
 std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans);
 
-// A session's KV cache in device memory, with the geometry of `layout` (fp16 only for now).
+// A session's KV cache in device memory, with the geometry of `layout` (each layer its own
+// capacity; fp16 only for now).
 struct DeviceKv;
 std::shared_ptr<DeviceKv> make_kv(const KVCache& layout);
 
-// How a step reaches the GPU: "eager" launches each op every step; "recorded" captures the
-// one-token decode step once as a CUDA graph and replays it (prefill steps run eagerly).
-enum class Dispatch { Eager, Recorded };
-Dispatch parse_dispatch(const std::string& name);  // eager, recorded, auto (= recorded)
+// How the one-token decode step reaches the GPU (prefill steps always launch eagerly):
+// "eager" encodes and launches each op every step; "argument_buffers" writes every launch's
+// arguments once into a device table and launches the same kernels pointing at it each step;
+// "recorded" captures the step once as a CUDA graph and replays it.
+enum class Dispatch { Eager, ArgumentBuffers, Recorded };
+Dispatch parse_dispatch(const std::string& name);  // eager, argument_buffers, recorded, auto (= recorded)
 
 // What in a plan the CUDA backend cannot run yet (empty: it runs all of it).
 std::string unsupported(const ModelConfig& config, const Plan& plan);

@@ -1,9 +1,13 @@
-// Quantized matrix-vector products: one warp per weight row, lanes striding over the row's
-// 32-element units (four lanes to a unit for the common formats, quant_quarter.cuh; one lane
-// to a unit otherwise, quant_unit.cuh), a shuffle reduction, one store (or add: the residual).
+// Quantized matrix-vector products: one warp per weight row (or gate and up row pair), lanes
+// striding over the row's 32-element units (four lanes to a unit for the common formats,
+// quant_quarter.cuh; one lane to a unit otherwise, quant_unit.cuh), a shuffle reduction, one
+// store (or add: the residual; or act(gate)·up). Before it waits for its input, each warp pulls
+// its whole row towards L2: the weights do not depend on the previous kernel, so they stream
+// while it drains, and the loads of the loop find them near.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -14,6 +18,7 @@
 #include "quant_quarter.cuh"
 
 namespace edgerunner::cuda {
+namespace {
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -21,82 +26,210 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// One warp per R rows, tokens [NT·blockIdx.y, +NT): each weight unit is loaded once for NT
-// tokens, each activation quarter once for R rows.
-template <TensorType T, int R, int NT>
-__global__ void gemv_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t cols,
-                            const float* __restrict__ x, const float* __restrict__ bias, float* __restrict__ y,
-                            bool accumulate, int64_t n_tokens, int64_t x_stride, int64_t y_stride,
-                            const QBlock* __restrict__ xq, int64_t xq_stride) {
-    const int64_t t0 = static_cast<int64_t>(blockIdx.y) * NT;
-    const int nt = static_cast<int>(n_tokens - t0 < NT ? n_tokens - t0 : NT);
-    x += t0 * x_stride;
-    xq += t0 * xq_stride;
-    y += t0 * y_stride;
-    const int lane = threadIdx.x % 32;
-    const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32) * R;
-    if (row0 >= rows) return;
-    const uint8_t* r[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) r[i] = w + static_cast<size_t>(row0 + i < rows ? row0 + i : row0) * row_bytes;
-    float sum[R][NT] = {};
-    if constexpr (Quarter<T>::kFast) {
-        // lanes 4i..4i+3 share unit i of the warp's 8: quarters side by side in memory
-        const int k = lane % 4;
+// The activation of a gated feed-forward, as the CPU's math kernels compute it.
+__device__ __forceinline__ float gate_act(Glu glu, float g) {
+    if (glu == Glu::SiLU) return g / (1.0f + expf(-g));
+    const float y = 0.7978845608028654f * (g + 0.044715f * g * g * g);  // GELU, tanh form
+    return 0.5f * g * (1.0f + tanhf(y));
+}
+
+constexpr int kWarpsPerBlock = 4;
+
+// Field f of part p (selects, not an indexed parameter array, which would go to local memory).
+template <typename F>
+__device__ __forceinline__ F field(const GemvArgs& a, int p, F GemvPart::*f) {
+    return p == 0 ? a.part[0].*f : p == 1 ? a.part[1].*f : a.part[2].*f;
+}
+
+// Tokens [NT·blockIdx.y, +NT): each weight unit is loaded once for NT tokens.
+template <TensorType T, int NT>
+struct Gemv {
+    using Args = GemvArgs;
+    static __device__ void run(const Args& a) {
+        allow_next();
+        const int lane = threadIdx.x % 32;
+        int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+        // which part the warp's row is in
+        int p = 0;
+        if (a.glu == Glu::None) {
+            if (a.n_parts > 1 && r >= a.part[0].rows) r -= a.part[0].rows, p = 1;
+            if (p == 1 && a.n_parts > 2 && r >= a.part[1].rows) r -= a.part[1].rows, p = 2;
+        }
+        const bool gated = a.glu != Glu::None;
+        if (r >= field(a, p, &GemvPart::rows)) return wait_inputs();
+        const uint8_t* row = field(a, p, &GemvPart::w) + static_cast<size_t>(r) * a.row_bytes;
+        const uint8_t* row2 = gated ? a.part[1].w + static_cast<size_t>(r) * a.row_bytes : row;
+        prefetch_l2(row, a.row_bytes, lane, 32);
+        if (gated) prefetch_l2(row2, a.row_bytes, lane, 32);
+        wait_inputs();
+
+        const int64_t t0 = static_cast<int64_t>(blockIdx.y) * NT;
+        const int nt = static_cast<int>(a.n_tokens - t0 < NT ? a.n_tokens - t0 : NT);
+        float sum[NT] = {}, sum2[NT] = {};
+        if constexpr (Quarter<T>::kFast) {
+            // lanes 4i..4i+3 share unit i of the warp's 8: quarters side by side in memory
+            const int k = lane % 4;
+            const QBlock* xq = a.xq + t0 * a.xq_stride;
 #pragma unroll 4
-        for (int64_t u = lane / 4; u < cols / 32; u += 8)
+            for (int64_t u = lane / 4; u < a.cols / 32; u += 8)
 #pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                if (t >= nt) break;
-                const QBlock& a = xq[t * xq_stride + u];
+                for (int t = 0; t < NT; ++t) {
+                    if (t >= nt) break;
+                    const QBlock& x = xq[t * a.xq_stride + u];
+                    sum[t] += Quarter<T>::dot(row, u, k, x);
+                    if (gated) sum2[t] += Quarter<T>::dot(row2, u, k, x);
+                }
+        } else {
+            const float* x = a.x + t0 * a.x_stride;
+            for (int64_t u = lane; u < a.cols / 32; u += 32)
 #pragma unroll
-                for (int i = 0; i < R; ++i) sum[i][t] += Quarter<T>::dot(r[i], u, k, a);
-            }
-    } else {
-        for (int64_t u = lane; u < cols / 32; u += 32)
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                if (t >= nt) break;
-#pragma unroll
-                for (int i = 0; i < R; ++i) sum[i][t] += Unit<T>::dot(r[i], u, x + t * x_stride + 32 * u);
-            }
-    }
-#pragma unroll
-    for (int i = 0; i < R; ++i)
+                for (int t = 0; t < NT; ++t) {
+                    if (t >= nt) break;
+                    sum[t] += Unit<T>::dot(row, u, x + t * a.x_stride + 32 * u);
+                    if (gated) sum2[t] += Unit<T>::dot(row2, u, x + t * a.x_stride + 32 * u);
+                }
+        }
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             if (t >= nt) break;
-            float v = warp_sum(sum[i][t]);
-            if (lane == 0 && row0 + i < rows) {
-                if (bias) v += bias[row0 + i];
-                float* out = y + t * y_stride + row0 + i;
-                *out = accumulate ? *out + v : v;
+            float v = warp_sum(sum[t]);
+            if (gated) v = gate_act(a.glu, v) * warp_sum(sum2[t]);
+            if (lane == 0) {
+                if (const float* bias = field(a, p, &GemvPart::bias)) v += bias[r];
+                float* out = field(a, p, &GemvPart::y) + (t0 + t) * field(a, p, &GemvPart::y_stride) + r;
+                *out = a.accumulate ? *out + v : v;
             }
         }
+    }
+};
+
+// The one-token GEMV of the int8 formats, staged through shared memory. Each warp takes two
+// rows (or a gate row and its up row) and streams them in chunks of whole blocks: every lane
+// copies 16-byte pieces of the raw bytes (cp.async, so the copies of the next chunk fly while
+// this one is computed), then the four-lanes-per-unit dot products read the blocks out of shared
+// memory. Loads from global memory are thus full-width and coalesced whatever the block size
+// (18, 20, 22, 24, 34, 144, 176, 210 bytes), and the first chunk is requested before the
+// kernel waits for its input.
+constexpr int kStage = 2048;        // bytes of one row per chunk (at most)
+constexpr int kStageBytes = kStage + 32;  // + room to start and end on 16-byte boundaries
+constexpr int kSlots = 2;           // rows per warp
+constexpr size_t kStagedSmem = static_cast<size_t>(kWarpsPerBlock) * 2 * kSlots * kStageBytes;
+
+__device__ __forceinline__ void copy16(void* smem, const void* global) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global));
 }
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void wait_all_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-namespace {
+template <TensorType T>
+struct GemvStaged {
+    using Args = GemvArgs;
+    using Q = Quarter<T>;
+    static constexpr int kBlockBytes = sizeof(typename Q::Block);
 
-constexpr int kWarpsPerBlock = 4;
+    static __device__ void run(const Args& a) {
+        extern __shared__ uint4 smem[];
+        allow_next();
+        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        const int64_t wg = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+        const bool gated = a.glu != Glu::None;
+        // the warp's two rows: gate row wg and up row wg, or rows 2wg and 2wg + 1 of the parts
+        const uint8_t* row[kSlots];
+        int64_t r[kSlots];
+        int part[kSlots];
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) {
+            r[s] = gated ? wg : 2 * wg + s;
+            part[s] = gated ? s : 0;
+            if (!gated) {
+                if (a.n_parts > 1 && r[s] >= a.part[0].rows) r[s] -= a.part[0].rows, part[s] = 1;
+                if (part[s] == 1 && a.n_parts > 2 && r[s] >= a.part[1].rows) r[s] -= a.part[1].rows, part[s] = 2;
+            }
+            row[s] = r[s] < field(a, part[s], &GemvPart::rows) ? field(a, part[s], &GemvPart::w) + static_cast<size_t>(r[s]) * a.row_bytes
+                                                              : nullptr;
+        }
+        if (!row[0]) return wait_inputs();
+
+        const int64_t n_blocks = a.cols / (32 * Q::kUnits);
+        const int64_t n_chunks = (n_blocks * kBlockBytes + kStage - 1) / kStage;
+        const int64_t chunk_blocks = (n_blocks + n_chunks - 1) / n_chunks;  // balanced, ≤ kStage bytes
+        uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + static_cast<size_t>(warp) * 2 * kSlots * kStageBytes;
+        // chunk c of every row into stage buffer c % 2; returns nothing, one commit group per chunk
+        auto issue = [&](int64_t c) {
+            if (c < n_chunks) {
+                const int64_t b0 = c * chunk_blocks, nb = min(chunk_blocks, n_blocks - b0);
+#pragma unroll
+                for (int s = 0; s < kSlots; ++s) {
+                    if (!row[s]) continue;
+                    const uintptr_t begin = reinterpret_cast<uintptr_t>(row[s] + b0 * kBlockBytes);
+                    const uintptr_t lo = begin & ~uintptr_t{15}, hi = (begin + nb * kBlockBytes + 15) & ~uintptr_t{15};
+                    uint8_t* dst = stage + ((c % 2) * kSlots + s) * kStageBytes;
+                    for (uintptr_t off = 16 * lane; off < hi - lo; off += 16 * 32)
+                        copy16(dst + off, reinterpret_cast<const void*>(lo + off));
+                }
+            }
+            commit();
+        };
+        issue(0);
+        wait_inputs();
+
+        float sum[kSlots] = {};
+        const int k = lane % 4;
+        for (int64_t c = 0; c < n_chunks; ++c) {
+            issue(c + 1);
+            wait_all_but_one();  // this lane's copies of chunk c have landed
+            __syncwarp();        // and every lane's
+            const int64_t b0 = c * chunk_blocks, units = min(chunk_blocks, n_blocks - b0) * Q::kUnits;
+            const uint8_t* src[kSlots];
+#pragma unroll
+            for (int s = 0; s < kSlots; ++s) {
+                const uintptr_t begin = reinterpret_cast<uintptr_t>(row[s] + b0 * kBlockBytes);
+                src[s] = stage + ((c % 2) * kSlots + s) * kStageBytes + (begin & 15);
+            }
+            const QBlock* xq = a.xq + b0 * Q::kUnits;
+            for (int64_t u = lane / 4; u < units; u += 8) {
+                const QBlock& x = xq[u];
+                sum[0] += Q::dot(src[0], u, k, x);
+                if (row[1]) sum[1] += Q::dot(src[1], u, k, x);
+            }
+            __syncwarp();  // everyone is done with this buffer before chunk c + 2 lands in it
+        }
+        const float v0 = warp_sum(sum[0]), v1 = warp_sum(sum[1]);
+        if (lane != 0) return;
+        if (gated) {
+            a.part[0].y[r[0]] = gate_act(a.glu, v0) * v1;
+            return;
+        }
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) {
+            if (!row[s]) continue;
+            float v = s == 0 ? v0 : v1;
+            if (const float* bias = field(a, part[s], &GemvPart::bias)) v += bias[r[s]];
+            float* out = field(a, part[s], &GemvPart::y) + r[s];
+            *out = a.accumulate ? *out + v : v;
+        }
+    }
+};
 
 // A step of one token (decode) takes the one-token kernel; several tokens share weight loads
 // eight at a time.
 template <TensorType T>
-void launch(const GemvArgs& a, cudaStream_t stream) {
-    constexpr int kDecodeRows = 1;  // 4 rows per warp measured 1.8× slower on 8B shapes: fewer warps in flight
-    if (a.n_tokens == 1) {
-        const unsigned blocks = static_cast<unsigned>((a.rows + kWarpsPerBlock * kDecodeRows - 1) / (kWarpsPerBlock * kDecodeRows));
-        gemv_kernel<T, kDecodeRows, 1><<<dim3(blocks, 1), 32 * kWarpsPerBlock, 0, stream>>>(
-            a.w, a.row_bytes, a.rows, a.cols, a.x, a.bias, a.y, a.accumulate, 1, a.x_stride, a.y_stride, a.xq, a.xq_stride);
-        return;
-    }
-    const dim3 blocks(static_cast<unsigned>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock), static_cast<unsigned>((a.n_tokens + 7) / 8));
-    gemv_kernel<T, 1, 8><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(a.w, a.row_bytes, a.rows, a.cols, a.x, a.bias, a.y,
-                                                                   a.accumulate, a.n_tokens, a.x_stride, a.y_stride, a.xq,
-                                                                   a.xq_stride);
+Launch launch(const GemvArgs& a) {
+    const int64_t rows = a.glu != Glu::None ? a.part[0].rows : a.part[0].rows + (a.n_parts > 1 ? a.part[1].rows : 0) + (a.n_parts > 2 ? a.part[2].rows : 0);
+    const dim3 block(32 * kWarpsPerBlock);
+    const unsigned row_blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+    if constexpr (Quarter<T>::kFast)
+        if (a.n_tokens == 1) {
+            const int64_t warps = a.glu != Glu::None ? rows : (rows + kSlots - 1) / kSlots;
+            return make_launch<GemvStaged<T>>(dim3(static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock)), block, a,
+                                              kStagedSmem);
+        }
+    if (a.n_tokens == 1) return make_launch<Gemv<T, 1>>(dim3(row_blocks, 1), block, a);
+    return make_launch<Gemv<T, 8>>(dim3(row_blocks, static_cast<unsigned>((a.n_tokens + 7) / 8)), block, a);
 }
 
-using LaunchFn = void (*)(const GemvArgs&, cudaStream_t);
+using LaunchFn = Launch (*)(const GemvArgs&);
 
 LaunchFn launcher(TensorType type) {
     switch (type) {
@@ -131,6 +264,21 @@ std::unique_ptr<T, Free> device_alloc(size_t count) {
     return std::unique_ptr<T, Free>(static_cast<T*>(p));
 }
 
+// One warp per 32-value block.
+struct Quantize {
+    using Args = QuantizeArgs;
+    static __device__ void run(const Args& a) {
+        allow_next();
+        wait_inputs();
+        const int64_t per_token = a.cols / 32;
+        const int64_t g = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+        if (g >= a.n_tokens * per_token) return;
+        const int lane = threadIdx.x % 32;
+        const int64_t t = g / per_token, b = g % per_token;
+        quantize_block(a.x[t * a.x_stride + 32 * b + lane], a.out[t * a.out_stride + b], lane);
+    }
+};
+
 }  // namespace
 
 bool gemv_supports(TensorType type) { return launcher(type) != nullptr; }
@@ -151,51 +299,37 @@ bool gemv_wants_q8(TensorType type) {
 
 size_t qblock_bytes() { return sizeof(QBlock); }
 
-// One warp per 32-value block.
-__global__ void quantize_kernel(const float* x, QBlock* out, int64_t blocks_per_token, int64_t n_blocks, int64_t x_stride,
-                                int64_t out_stride) {
-    const int64_t g = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-    if (g >= n_blocks) return;
-    const int lane = threadIdx.x % 32;
-    const int64_t t = g / blocks_per_token, b = g % blocks_per_token;
-    const float v = x[t * x_stride + 32 * b + lane];
-    float amax = fabsf(v);
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
-    const float d = amax / 127.0f;
-    QBlock& q = out[t * out_stride + b];
-    q.q[lane] = static_cast<int8_t>(d > 0.0f ? __float2int_rn(v / d) : 0);
-    if (lane == 0) q.d = d;
+Launch quantize_activations(const QuantizeArgs& a) {
+    const int64_t n_blocks = a.n_tokens * (a.cols / 32);
+    return make_launch<Quantize>(dim3(static_cast<unsigned>((n_blocks + 7) / 8)), dim3(256), a);
 }
 
-void quantize_activations(const float* x, QBlock* out, int64_t n_tokens, int64_t cols, int64_t x_stride, int64_t out_stride,
-                          cudaStream_t stream) {
-    const int64_t n_blocks = n_tokens * (cols / 32);
-    quantize_kernel<<<static_cast<unsigned>((n_blocks + 7) / 8), 256, 0, stream>>>(x, out, cols / 32, n_blocks, x_stride, out_stride);
-    ER_CUDA(cudaGetLastError());
-}
-
-void gemv_launch(TensorType type, const GemvArgs& args, cudaStream_t stream) {
+Launch gemv(TensorType type, const GemvArgs& args) {
     const LaunchFn fn = launcher(type);
     if (!fn) throw std::invalid_argument("the CUDA backend has no GEMV kernel for " + std::string(tensor_type_name(type)));
     if (args.cols % 32 != 0) throw std::invalid_argument("GEMV columns must be a multiple of 32");
-    fn(args, stream);
-    ER_CUDA(cudaGetLastError());
+    return fn(args);
 }
 
 std::vector<float> gemv(TensorType type, const uint8_t* rows, int64_t n_rows, size_t row_bytes, const float* x, int64_t n) {
-    auto w = device_alloc<uint8_t>(static_cast<size_t>(n_rows) * row_bytes);
+    auto w = device_alloc<uint8_t>(static_cast<size_t>(n_rows) * row_bytes + 256);  // kernels may read up to 15 bytes past a row
     auto xd = device_alloc<float>(static_cast<size_t>(n));
     auto yd = device_alloc<float>(static_cast<size_t>(n_rows));
     auto xq = device_alloc<QBlock>(static_cast<size_t>(n / 32));
     ER_CUDA(cudaMemcpy(w.get(), rows, static_cast<size_t>(n_rows) * row_bytes, cudaMemcpyHostToDevice));
     ER_CUDA(cudaMemcpy(xd.get(), x, static_cast<size_t>(n) * sizeof(float), cudaMemcpyHostToDevice));
-    GemvArgs args{w.get(), row_bytes, n_rows, n, xd.get(), nullptr, yd.get(), false};
+    GemvArgs args;
+    args.part[0] = GemvPart{w.get(), nullptr, yd.get(), n_rows, n_rows};
+    args.row_bytes = row_bytes;
+    args.cols = n;
+    args.x = xd.get();
+    args.x_stride = n;
     if (gemv_wants_q8(type)) {
-        quantize_activations(xd.get(), xq.get(), 1, n, n, n / 32, nullptr);
+        enqueue(quantize_activations(QuantizeArgs{xd.get(), xq.get(), 1, n, n, n / 32}), nullptr, nullptr, false);
         args.xq = xq.get();
+        args.xq_stride = n / 32;
     }
-    gemv_launch(type, args, nullptr);
+    enqueue(gemv(type, args), nullptr, nullptr, false);
     std::vector<float> y(static_cast<size_t>(n_rows));
     ER_CUDA(cudaMemcpy(y.data(), yd.get(), y.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return y;
@@ -236,6 +370,32 @@ std::string describe() {
     ER_CUDA(cudaGetDeviceProperties(&p, 0));
     return std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
            std::to_string(p.multiProcessorCount) + " SMs, " + std::to_string(p.totalGlobalMem >> 20) + " MiB)";
+}
+
+bool overlap_supported() {
+    static const bool supported = [] {
+        const char* env = std::getenv("EDGERUNNER_CUDA_OVERLAP");
+        if (env && std::string(env) == "0") return false;
+        int device = 0, major = 0;
+        return cudaGetDevice(&device) == cudaSuccess &&
+               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
+    }();
+    return supported;
+}
+
+void enqueue(const Launch& l, cudaStream_t stream, const void* table, bool overlap) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = l.grid;
+    config.blockDim = l.block;
+    config.dynamicSmemBytes = l.smem;
+    config.stream = stream;
+    config.attrs = &attr;
+    config.numAttrs = overlap ? 1 : 0;
+    void* param = table ? const_cast<void*>(static_cast<const void*>(&table)) : const_cast<unsigned char*>(l.args);
+    ER_CUDA(cudaLaunchKernelExC(&config, table ? l.by_table : l.by_value, &param));
 }
 
 }  // namespace edgerunner::cuda

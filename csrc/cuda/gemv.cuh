@@ -1,4 +1,4 @@
-// The GEMV kernels' launch interface, for the backend's executable (device pointers).
+// The GEMV kernels' interface for the step runner (device pointers).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,32 +7,50 @@
 #include <cstdint>
 
 #include "edgerunner/tensor_type.h"
+#include "launch.cuh"
 
 namespace edgerunner::cuda {
 
 struct QBlock;  // int8 activations (quant_quarter.cuh)
 
-struct GemvArgs {
-    const uint8_t* w;     // rows × row_bytes raw blocks
-    size_t row_bytes;
-    int64_t rows, cols;
-    const float* x;       // per token: cols floats, x_stride apart
-    const float* bias;    // rows floats, or null
-    float* y;             // per token: rows floats, y_stride apart: y = W x (+ bias), or y += that
-    bool accumulate;
-    int64_t n_tokens = 1, x_stride = 0, y_stride = 0;
-    const QBlock* xq = nullptr;  // x quantized by quantize_activations, for types where gemv_wants_q8
-    int64_t xq_stride = 0;       // blocks between tokens
+// One weight matrix of a fused GEMV: its rows are numbered after the previous part's.
+struct GemvPart {
+    const uint8_t* w = nullptr;  // rows × row_bytes raw blocks
+    const float* bias = nullptr;  // rows floats, or null
+    float* y = nullptr;           // per token: y_stride floats apart
+    int64_t rows = 0, y_stride = 0;
 };
 
-void gemv_launch(TensorType type, const GemvArgs& args, cudaStream_t stream);
+enum class Glu : int32_t { None, SiLU, GELU };
+
+// y = W x (+ bias), or y += that (accumulate: the residual), for up to three matrices of one
+// type that read the same input (Q, K, V). With a gate (glu != None) the two parts are the gate
+// and up matrices, and part 0's y receives act(gate · x) · (up · x): no UP rows in memory.
+struct GemvArgs {
+    GemvPart part[3];
+    int32_t n_parts = 1;
+    Glu glu = Glu::None;
+    size_t row_bytes = 0;
+    int64_t cols = 0;
+    int64_t n_tokens = 1;
+    const float* x = nullptr;    // per token: cols floats, x_stride apart (float-activation types)
+    int64_t x_stride = 0;
+    const QBlock* xq = nullptr;  // x quantized (types where gemv_wants_q8), xq_stride blocks apart
+    int64_t xq_stride = 0;
+    bool accumulate = false;
+};
+
+Launch gemv(TensorType type, const GemvArgs& args);
 
 // Whether the type's GEMV reads int8 activations (GemvArgs::xq) rather than floats.
 bool gemv_wants_q8(TensorType type);
-// x (n_tokens rows of cols floats, x_stride apart) → cols/32 blocks per token, out_stride apart:
-// d = max|x| / 127, q = round(x / d).
-void quantize_activations(const float* x, QBlock* out, int64_t n_tokens, int64_t cols, int64_t x_stride, int64_t out_stride,
-                          cudaStream_t stream);
 size_t qblock_bytes();
+
+struct QuantizeArgs {
+    const float* x;  // n_tokens rows of cols floats, x_stride apart
+    QBlock* out;     // cols/32 blocks per token, out_stride apart: d = max|x| / 127, q = round(x / d)
+    int64_t n_tokens, cols, x_stride, out_stride;
+};
+Launch quantize_activations(const QuantizeArgs& args);
 
 }  // namespace edgerunner::cuda

@@ -1,7 +1,7 @@
-// The CUDA backend's per-op kernels (besides GEMV, gemv.cuh): launch functions over device
-// pointers, enqueued on a stream, no synchronization. One row per token, float32 activations;
-// the KV cache is fp16, slot p at (p % capacity). Per-step values (the first position) are read
-// from device memory, so a recorded step replays unchanged.
+// The CUDA backend's per-op kernels besides GEMV (gemv.cuh), each made into a Launch for the
+// step runner. One row per token, float32 activations; the KV cache is fp16, slot p of a layer
+// at (p % that layer's capacity). Per-step values (the first position, the tokens) are read from
+// the device step block, so a recorded or table-driven step replays unchanged.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -10,46 +10,79 @@
 #include <cstdint>
 
 #include "edgerunner/tensor_type.h"
+#include "gemv.cuh"
+#include "launch.cuh"
 
 namespace edgerunner::cuda {
 
-// x[t] = row tokens[t] of the embedding matrix, decoded from its blocks.
-void embed(TensorType type, const uint8_t* w, size_t row_bytes, int64_t cols, const int32_t* tokens, int64_t n_tokens,
-           float* x, cudaStream_t stream);
-
-// out[r] = in[r] / rms(in[r]) · w for `rows` contiguous rows of n values (in == out allowed).
-void rms_norm(const float* in, const float* w, float* out, int64_t rows, int64_t n, float eps, cudaStream_t stream);
-
-struct RopeArgs {
-    float* q;                 // n_tokens × n_head × head_dim
-    float* k;                 // n_tokens × n_head_kv × head_dim
-    const float* inv_freq;    // rope_dim / 2
+// x[t] = row tokens[t] of the embedding matrix, decoded from its blocks, × scale.
+struct EmbedArgs {
+    const uint8_t* w;
+    size_t row_bytes;
+    int64_t cols;
+    const int32_t* tokens;  // device: the step block's tokens
     int64_t n_tokens;
-    const int64_t* pos0;      // device: the step block's first position
-    float pos_scale;          // positions × this (linear scaling)
-    int n_head, n_head_kv, head_dim, rope_dim;
-    bool neox;                // pairs (i, i + rope_dim/2); else adjacent pairs (2i, 2i + 1)
+    float* x;
+    float scale;
 };
-void rope(const RopeArgs& a, cudaStream_t stream);
+Launch embed(TensorType type, const EmbedArgs& a);
 
-// The step's K and V rows into the layer's cache slots.
-void kv_store(const float* k, const float* v, __half* k_cache, __half* v_cache, int64_t n_tokens, const int64_t* pos0,
-              int64_t capacity, int64_t kv_dim, cudaStream_t stream);
+// out[r] = in[r] / rms(in[r]) · w (or out[r] += that: a post-norm into the residual) for `rows`
+// contiguous rows of n values (in == out allowed); with q, each written row is also quantized
+// for the matmuls that read it.
+struct NormArgs {
+    const float* in;
+    const float* w;
+    float* out;
+    int64_t rows, n;
+    float eps;
+    bool accumulate;
+    QBlock* q;           // or null
+    int64_t q_stride;    // blocks between rows of q
+};
+Launch rms_norm(const NormArgs& a);
+
+// Rotate each head of Q and K at the step's positions; with k_cache, then store the rotated K
+// and V rows into the layer's cache slots (RoPE + KV write in one kernel).
+struct RopeKvArgs {
+    float* q;               // n_tokens × n_head × head_dim
+    float* k;               // n_tokens × n_head_kv × head_dim
+    const float* v;
+    __half* k_cache;        // capacity × n_head_kv × head_dim (this layer), or null
+    __half* v_cache;
+    const float* inv_freq;  // rope_dim / 2
+    int64_t n_tokens;
+    const int64_t* pos0;    // device: the step block's first position
+    int64_t capacity;
+    float pos_scale;        // positions × this (linear scaling)
+    float attn_factor;      // cos and sin × this (LongRoPE)
+    int32_t n_head, n_head_kv, head_dim, rope_dim;
+    bool neox;              // pairs (i, i + rope_dim/2); else adjacent pairs (2i, 2i + 1)
+};
+Launch rope_kv(const RopeKvArgs& a);
 
 struct AttentionArgs {
     const float* q;           // n_tokens × n_head × head_dim
     const __half* k_cache;    // capacity × n_head_kv × head_dim (this layer)
     const __half* v_cache;
     float* out;               // n_tokens × n_head × head_dim
+    QBlock* q_out;            // or null: out also quantized for the output projection
+    int64_t q_stride;         // blocks between tokens of q_out
     int64_t n_tokens;
     const int64_t* pos0;      // device: the step block's first position
     int64_t capacity, window;  // window 0: full causal attention
-    int n_head, n_head_kv, head_dim;
+    int32_t n_head, n_head_kv, head_dim;
 };
 // Causal softmax(q kᵀ / √d) v with an online softmax: no score matrix is stored.
-void attention(const AttentionArgs& a, cudaStream_t stream);
+Launch attention(const AttentionArgs& a);
 
-// g = silu(g) · u over n values.
-void swiglu(float* g, const float* u, int64_t n, cudaStream_t stream);
+// g = act(g) · u over n values (when gate and up could not be fused into one GEMV).
+struct GluArgs {
+    float* g;
+    const float* u;
+    int64_t n;
+    Glu glu;
+};
+Launch glu(const GluArgs& a);
 
 }  // namespace edgerunner::cuda

@@ -15,6 +15,17 @@ struct QBlock {
 };
 static_assert(sizeof(QBlock) == 36, "QBlock layout");
 
+// A warp's 32 values (one per lane) into one block: d = max|v| / 127, q = round(v / d). Kernels
+// that produce a matmul's input call it as they write the row (RMSNorm, attention).
+__device__ __forceinline__ void quantize_block(float v, QBlock& out, int lane) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+    const float d = amax / 127.0f;
+    out.q[lane] = static_cast<int8_t>(d > 0.0f ? __float2int_rn(v / d) : 0);
+    if (lane == 0) out.d = d;
+}
+
 // Blocks are only 2-byte aligned in a row (18-, 22-, 34-, 210-byte blocks): 32-bit words are
 // assembled from two 16-bit loads.
 __device__ __forceinline__ uint32_t ld32(const uint8_t* p) {
@@ -29,7 +40,7 @@ __device__ __forceinline__ int spread4(uint32_t b) { return static_cast<int>(((b
 
 constexpr int kOnes = 0x01010101;
 
-// Per format: the integer dot of one quarter (8 weights) with its 8 activations (dp4a, four
+// Per format: the block type and how many 32-element units it holds, the integer dot of one quarter (8 weights) with its 8 activations (dp4a, four
 // products per instruction), and the activations' sum where an offset or minimum needs it:
 //   nibble formats: bytes 4k..4k+3 of qs = elements 4k.. (low nibbles) and 16 + 4k.. (high);
 //   the others: elements 8k..8k+7 of the 32-element unit.
@@ -41,6 +52,8 @@ struct Quarter {
 template <>
 struct Quarter<TensorType::Q4_0> {
     static constexpr bool kFast = true;
+    using Block = block_q4_0;
+    static constexpr int kUnits = 1;  // 32-element units per block
     static __device__ float dot(const uint8_t* row, int64_t u, int k, const QBlock& a) {
         const block_q4_0& b = reinterpret_cast<const block_q4_0*>(row)[u];
         const uint32_t w = ld32(b.qs + 4 * k);
@@ -54,6 +67,8 @@ struct Quarter<TensorType::Q4_0> {
 template <>
 struct Quarter<TensorType::Q4_1> {
     static constexpr bool kFast = true;
+    using Block = block_q4_1;
+    static constexpr int kUnits = 1;  // 32-element units per block
     static __device__ float dot(const uint8_t* row, int64_t u, int k, const QBlock& a) {
         const block_q4_1& b = reinterpret_cast<const block_q4_1*>(row)[u];
         const uint32_t w = ld32(b.qs + 4 * k);
@@ -78,6 +93,8 @@ __device__ __forceinline__ float q5_quarter(const Block& b, int k, const QBlock&
 template <>
 struct Quarter<TensorType::Q5_0> {
     static constexpr bool kFast = true;
+    using Block = block_q5_0;
+    static constexpr int kUnits = 1;  // 32-element units per block
     static __device__ float dot(const uint8_t* row, int64_t u, int k, const QBlock& a) {
         const block_q5_0& b = reinterpret_cast<const block_q5_0*>(row)[u];
         float sum;
@@ -88,6 +105,8 @@ struct Quarter<TensorType::Q5_0> {
 template <>
 struct Quarter<TensorType::Q5_1> {
     static constexpr bool kFast = true;
+    using Block = block_q5_1;
+    static constexpr int kUnits = 1;  // 32-element units per block
     static __device__ float dot(const uint8_t* row, int64_t u, int k, const QBlock& a) {
         const block_q5_1& b = reinterpret_cast<const block_q5_1*>(row)[u];
         float sum;
@@ -99,6 +118,8 @@ struct Quarter<TensorType::Q5_1> {
 template <>
 struct Quarter<TensorType::Q8_0> {
     static constexpr bool kFast = true;
+    using Block = block_q8_0;
+    static constexpr int kUnits = 1;  // 32-element units per block
     static __device__ float dot(const uint8_t* row, int64_t u, int k, const QBlock& a) {
         const block_q8_0& b = reinterpret_cast<const block_q8_0*>(row)[u];
         const uint8_t* q = reinterpret_cast<const uint8_t*>(b.qs) + 8 * k;
@@ -130,11 +151,15 @@ __device__ __forceinline__ float q45_k_quarter(const uint8_t* row, int64_t u, in
 template <>
 struct Quarter<TensorType::Q4_K> {
     static constexpr bool kFast = true;
+    using Block = block_q4_K;
+    static constexpr int kUnits = 8;  // 32-element units per block
     static __device__ float dot(const uint8_t* row, int64_t u, int k, const QBlock& a) { return q45_k_quarter<block_q4_K, false>(row, u, k, a); }
 };
 template <>
 struct Quarter<TensorType::Q5_K> {
     static constexpr bool kFast = true;
+    using Block = block_q5_K;
+    static constexpr int kUnits = 8;  // 32-element units per block
     static __device__ float dot(const uint8_t* row, int64_t u, int k, const QBlock& a) { return q45_k_quarter<block_q5_K, true>(row, u, k, a); }
 };
 
@@ -142,6 +167,8 @@ struct Quarter<TensorType::Q5_K> {
 template <>
 struct Quarter<TensorType::Q6_K> {
     static constexpr bool kFast = true;
+    using Block = block_q6_K;
+    static constexpr int kUnits = 8;  // 32-element units per block
     static __device__ float dot(const uint8_t* row, int64_t u, int k, const QBlock& a) {
         const block_q6_K& b = reinterpret_cast<const block_q6_K*>(row)[u / 8];
         const int j = static_cast<int>(u % 8), h = j / 4, s = j % 4;

@@ -1,8 +1,14 @@
-// The CUDA backend's step runner: the plan's ops as kernel launches on one stream, weights and
-// KV cache resident in device memory, scratch allocated once here. Per-step values (the first
-// position, the tokens) live in a device step block that one copy from pinned memory fills, so
-// the decode step can be recorded once as a CUDA graph and replayed ("recorded" dispatch);
-// "eager" launches every op each step.
+// The CUDA backend's step runner. At prepare time the plan's ops are fused into steps (RMSNorm
+// that also quantizes its row for the next matmuls; Q, K and V as one GEMV; RoPE + KV write;
+// attention that quantizes its output; gate + up + activation as one GEMV; the residual added
+// by the GEMV that produces it), and each step becomes one or two kernel launches (launch.cuh).
+// Per-step values (first position, tokens, sampling parameters) live in a device step block
+// that one copy from pinned memory fills, so the one-token step can be replayed unchanged:
+//   eager             the launches' arguments encoded and launched every step;
+//   argument_buffers  every launch's arguments written once into a device table; each step
+//                     launches the same kernels pointing at their table entries;
+//   recorded          the whole one-token step captured once as a CUDA graph and replayed.
+// Prefill steps (several tokens) run eagerly in every mode.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -33,7 +39,18 @@ DevicePtr<T> device_alloc(size_t count) {
     return DevicePtr<T>(static_cast<T*>(p));
 }
 
+struct FreeHost {
+    void operator()(void* p) const noexcept { cudaFreeHost(p); }
+};
+template <typename T>
+std::unique_ptr<T, FreeHost> pinned_alloc(size_t bytes) {
+    void* p = nullptr;
+    ER_CUDA(cudaMallocHost(&p, bytes));
+    return std::unique_ptr<T, FreeHost>(static_cast<T*>(p));
+}
+
 size_t weight_bytes(const Weight& w) { return static_cast<size_t>(w.rows) * w.row_bytes; }
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 }  // namespace
 
@@ -43,6 +60,8 @@ struct DeviceModel {
     const uint8_t* operator()(const Weight* w) const { return w ? at.at(w->data) : nullptr; }
 };
 
+// Every weight the plans use, into one allocation, through two pinned staging buffers: the CPU
+// copies chunk i+1 out of the mapped file while the GPU pulls chunk i.
 std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans) {
     auto m = std::make_shared<DeviceModel>();
     std::vector<const Weight*> weights;
@@ -53,37 +72,61 @@ std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans) {
                 if (w && !m->at.count(w->data)) {
                     m->at[w->data] = nullptr;
                     weights.push_back(w);
-                    total += (weight_bytes(*w) + 255) / 256 * 256;
+                    total += round_up(weight_bytes(*w), 256);
                 }
     m->memory = device_alloc<uint8_t>(total);
+    constexpr size_t kChunk = 32u << 20;
+    auto staging = pinned_alloc<uint8_t>(2 * kChunk);
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done[2] = {};
+    ER_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (cudaEvent_t& e : done) ER_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    int buffer = 0;
+    bool used[2] = {};
     size_t offset = 0;
     for (const Weight* w : weights) {
         uint8_t* dst = m->memory.get() + offset;
-        ER_CUDA(cudaMemcpy(dst, w->data, weight_bytes(*w), cudaMemcpyHostToDevice));
         m->at[w->data] = dst;
-        offset += (weight_bytes(*w) + 255) / 256 * 256;
+        for (size_t pos = 0; pos < weight_bytes(*w); pos += kChunk) {
+            const size_t n = std::min(kChunk, weight_bytes(*w) - pos);
+            uint8_t* stage = staging.get() + buffer * kChunk;
+            if (used[buffer]) ER_CUDA(cudaEventSynchronize(done[buffer]));  // its previous copy is done
+            std::memcpy(stage, w->data + pos, n);
+            ER_CUDA(cudaMemcpyAsync(dst + pos, stage, n, cudaMemcpyHostToDevice, stream));
+            ER_CUDA(cudaEventRecord(done[buffer], stream));
+            used[buffer] = true;
+            buffer ^= 1;
+        }
+        offset += round_up(weight_bytes(*w), 256);
     }
+    ER_CUDA(cudaStreamSynchronize(stream));
+    for (cudaEvent_t e : done) cudaEventDestroy(e);
+    cudaStreamDestroy(stream);
     return m;
 }
 
+// fp16 K and V slots per layer, each layer with its own capacity (KVCache's geometry).
 struct DeviceKv {
-    KVCache layout;  // geometry only (no host storage)
+    int64_t kv_dim = 0;
+    std::vector<int64_t> capacity;  // per layer
+    std::vector<size_t> offset;     // per layer, in halves: K slots, then V slots
     DevicePtr<__half> memory;
-    __half* k(int64_t layer) const { return memory.get() + (2 * layer) * layout.capacity * layout.kv_dim; }
-    __half* v(int64_t layer) const { return memory.get() + (2 * layer + 1) * layout.capacity * layout.kv_dim; }
+    __half* k(int64_t layer) const { return memory.get() + offset[static_cast<size_t>(layer)]; }
+    __half* v(int64_t layer) const { return k(layer) + capacity[static_cast<size_t>(layer)] * kv_dim; }
 };
 
 std::shared_ptr<DeviceKv> make_kv(const KVCache& layout) {
-    if (!layout.uniform())
-        throw std::invalid_argument("the CUDA backend keeps one KV capacity for every layer; this model mixes windowed and full layers");
     if (layout.type != KvType::F16)
         throw std::invalid_argument(std::string("KV cache type ") + kv_type_name(layout.type) +
                                     " is not available on the CUDA backend yet; use f16 (the default)");
-    auto kv = std::make_shared<DeviceKv>(DeviceKv{KVCache(layout.type, layout.n_layer, layout.capacity,
-                                                          layout.kv_dim / layout.head_dim, layout.head_dim, layout.circular, false),
-                                                  nullptr});
-    kv->memory = device_alloc<__half>(static_cast<size_t>(2 * layout.n_layer * layout.capacity * layout.kv_dim));
-    ER_CUDA(cudaMemset(kv->memory.get(), 0, static_cast<size_t>(2 * layout.n_layer * layout.capacity * layout.kv_dim) * sizeof(__half)));
+    auto kv = std::make_shared<DeviceKv>();
+    kv->kv_dim = layout.kv_dim;
+    for (int64_t l = 0; l < layout.n_layer; ++l) {
+        kv->capacity.push_back(layout.capacity_of(l));
+        kv->offset.push_back(layout.layer_offset[static_cast<size_t>(l)] / sizeof(__half));
+    }
+    kv->memory = device_alloc<__half>(layout.bytes() / sizeof(__half));
+    ER_CUDA(cudaMemset(kv->memory.get(), 0, layout.bytes()));
     return kv;
 }
 
@@ -100,62 +143,62 @@ struct StepBlock {
 
 size_t step_block_bytes(int64_t max_tokens) { return sizeof(StepBlock) + static_cast<size_t>(max_tokens) * sizeof(int32_t); }
 
+// One fused unit of the plan: one kernel (two where a GEMV's input must be quantized first).
+struct Step {
+    enum Kind { Embed, Norm, HeadNorm, Gemv, RopeKv, Attention, Glu } kind;
+    Op op;                     // the first op it covers
+    const Op* parts[3] = {};   // Gemv: the matrices (same type, same input)
+    int n_parts = 0;
+    cuda::Glu glu = cuda::Glu::None;  // Gemv: parts are gate and up; Glu: the activation
+    bool quantize = false;     // Gemv: quantize op.in first
+    bool q_out = false;        // Norm, Attention: also write the quantized copy of the output
+    bool local_rope = false;   // RopeKv
+    int32_t layer = -1;        // RopeKv
+};
+
 class Runner final : public StepRunner {
 public:
     Runner(const ModelConfig& c, const Plan& plan, std::shared_ptr<DeviceModel> weights, std::shared_ptr<DeviceKv> kv,
            Dispatch dispatch)
-        : c_(c), plan_(plan), w_(std::move(weights)), kv_(std::move(kv)), dispatch_(dispatch) {
-        // Which matmuls quantize their input first: the first of a run reading the same buffer
-        // (Q, K, V from one normed row; gate and up), until an op writes that buffer again.
-        Buf quantized = Buf::Count;
-        for (const Op& op : plan_.ops) {
-            bool quantize = false;
-            if (op.kind == OpKind::MatMul) {
-                gemv_check(op.weight->type);
-                if (op.weight->cols % 32 != 0) throw std::invalid_argument("CUDA GEMV needs a multiple of 32 columns");
-                if (gemv_wants_q8(op.weight->type) && op.in != quantized) {
-                    quantize = true;
-                    quantized = op.in;
-                }
-                widest_ = std::max(widest_, op.weight->cols);
-            }
-            if (op.kind == OpKind::Rope && op.weight) freq_factors_ = reinterpret_cast<const float*>(op.weight->data);
-            const bool in_place = op.kind == OpKind::HeadRmsNorm || op.kind == OpKind::Rope || op.kind == OpKind::SwiGLU;
-            const bool writes = op.kind != OpKind::KvStore && (in_place ? op.in : op.out) == quantized;
-            if (writes) quantized = Buf::Count;
-            quantize_before_.push_back(quantize);
-        }
+        : c_(c), plan_(plan), w_(std::move(weights)), kv_(std::move(kv)), dispatch_(dispatch), overlap_(overlap_supported()) {
+        fuse();
         const int64_t q_dim = c_.n_head * c_.head_dim, kv_dim = c_.n_head_kv * c_.head_dim;
         const int64_t widths[kBufCount] = {c_.n_embd, c_.n_embd, q_dim, kv_dim, kv_dim, q_dim, c_.n_ff, c_.n_ff, c_.n_embd, c_.n_vocab};
         size_t total = 0;
         for (int b = 0; b < kBufCount; ++b) {
             width_[b] = widths[b];
             offset_[b] = total;  // 256-byte aligned rows of every buffer
-            total += (static_cast<size_t>(widths[b] * plan_.max_tokens) + 63) / 64 * 64;
+            total += round_up(static_cast<size_t>(widths[b] * plan_.max_tokens), 64);
         }
         arena_ = device_alloc<float>(total);
         sample_scratch_ = device_alloc<double>(static_cast<size_t>(c_.n_vocab));
         qbuf_ = device_alloc<uint8_t>(static_cast<size_t>(plan_.max_tokens * (widest_ / 32)) * qblock_bytes());
         block_ = device_alloc<uint8_t>(step_block_bytes(plan_.max_tokens));
-        void* pinned = nullptr;
-        ER_CUDA(cudaMallocHost(&pinned, step_block_bytes(plan_.max_tokens)));
-        host_block_.reset(static_cast<StepBlock*>(pinned));
-        // RoPE inverse frequencies exactly as the CPU backend computes them (float32 pow).
-        std::vector<float> inv(static_cast<size_t>(c_.rope_dim / 2));
-        for (int64_t i = 0; i < c_.rope_dim / 2; ++i) {
-            inv[i] = 1.0f / std::pow(c_.rope_base, static_cast<float>(2 * i) / static_cast<float>(c_.rope_dim));
-            if (freq_factors_) inv[i] /= freq_factors_[i];
+        host_block_ = pinned_alloc<StepBlock>(step_block_bytes(plan_.max_tokens));
+        // RoPE inverse frequencies exactly as the CPU backend computes them (float32 pow), per
+        // base (the local layers' own, where the model has one), over the per-pair factors.
+        const float* factors = nullptr;
+        for (const Op& op : plan_.ops)
+            if (op.kind == OpKind::Rope && op.weight) factors = reinterpret_cast<const float*>(op.weight->data);
+        const int64_t half = c_.rope_dim / 2;
+        std::vector<float> inv(static_cast<size_t>(2 * half));
+        for (int b = 0; b < 2; ++b) {
+            const float base = b == 1 && c_.rope_base_swa > 0 ? c_.rope_base_swa : c_.rope_base;
+            for (int64_t i = 0; i < half; ++i) {
+                float& f = inv[static_cast<size_t>(b * half + i)];
+                f = 1.0f / std::pow(base, static_cast<float>(2 * i) / static_cast<float>(c_.rope_dim));
+                if (factors) f /= factors[i];
+            }
         }
         inv_freq_ = device_alloc<float>(inv.size());
         ER_CUDA(cudaMemcpy(inv_freq_.get(), inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice));
         ER_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-        float* host = nullptr;
-        ER_CUDA(cudaMallocHost(&host, static_cast<size_t>(c_.n_vocab) * sizeof(float)));
-        logits_.reset(host);
+        logits_ = pinned_alloc<float>(static_cast<size_t>(c_.n_vocab) * sizeof(float));
+        launches_.reserve(steps_.size() * 2 + 1);
     }
     ~Runner() override {
-        if (graph_) cudaGraphExecDestroy(graph_);
-        if (graph_sampled_) cudaGraphExecDestroy(graph_sampled_);
+        for (cudaGraphExec_t g : graph_)
+            if (g) cudaGraphExecDestroy(g);
         cudaStreamDestroy(stream_);
     }
 
@@ -185,35 +228,46 @@ public:
         }
         std::memcpy(host_block_->tokens, in.tokens, static_cast<size_t>(n) * sizeof(int32_t));
         last_row_ = n - 1;
-        const bool replayable = dispatch_ == Dispatch::Recorded && n == 1 && !in.logits_out;
-        cudaGraphExec_t& graph = sampling ? graph_sampled_ : graph_;
-        if (replayable && !graph) {  // record the one-token step once (one graph per ending)
-            cudaGraph_t g = nullptr;
-            ER_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-            enqueue(in);
-            ER_CUDA(cudaStreamEndCapture(stream_, &g));
-            const cudaError_t status = cudaGraphInstantiate(&graph, g, 0);
-            cudaGraphDestroy(g);
-            ER_CUDA(status);
+        const int ending = sampling ? 1 : 0;
+        const bool replayable = n == 1 && !in.logits_out;
+        if (replayable && dispatch_ == Dispatch::Recorded) {
+            if (!graph_[ending]) record(in, &graph_[ending]);
+            ER_CUDA(cudaGraphLaunch(graph_[ending], stream_));
+        } else if (replayable && dispatch_ == Dispatch::ArgumentBuffers) {
+            if (!table_[ending].memory) write_table(in, &table_[ending]);
+            begin(n);
+            const Table& t = table_[ending];
+            for (size_t i = 0; i < t.launches.size(); ++i) enqueue(t.launches[i], stream_, t.memory.get() + t.offset[i], overlap_);
+            end(in);
+        } else {
+            compile(in, &launches_);
+            begin(n);
+            for (const Launch& l : launches_) enqueue(l, stream_, nullptr, overlap_);
+            end(in);
         }
-        if (replayable) ER_CUDA(cudaGraphLaunch(graph, stream_));
-        else enqueue(in);
         ER_CUDA(cudaStreamSynchronize(stream_));
         if (sampling) *in.sampled = host_block_->sampled;
     }
 
 private:
-    // The whole step on the stream: step block in, every op, then the logits out or the drawn
-    // token (4 bytes).
-    void enqueue(const StepInputs& in) {
-        const int64_t n = in.n_tokens, vocab = c_.n_vocab;
+    // The launches' arguments in device memory, written once (argument_buffers dispatch).
+    struct Table {
+        std::vector<Launch> launches;
+        std::vector<size_t> offset;
+        DevicePtr<uint8_t> memory;
+    };
+
+    void fuse();
+    void compile(const StepInputs& in, std::vector<Launch>* out) const;
+
+    // The step block in, and the result out: the drawn token (4 bytes) or logits.
+    void begin(int64_t n) {
         ER_CUDA(cudaMemcpyAsync(block_.get(), host_block_.get(), step_block_bytes(n), cudaMemcpyHostToDevice, stream_));
-        for (size_t i = 0; i < plan_.ops.size(); ++i) exec(plan_.ops[i], in, quantize_before_[i]);
+    }
+    void end(const StepInputs& in) {
+        const int64_t n = in.n_tokens, vocab = c_.n_vocab;
         if (in.sample) {
-            StepBlock* b = reinterpret_cast<StepBlock*>(block_.get());
-            sample(row(Buf::LOGITS, n - 1), static_cast<int32_t>(vocab), &b->sampling, &b->sample_step, sample_scratch_.get(),
-                   &b->sampled, stream_);
-            ER_CUDA(cudaMemcpyAsync(&host_block_->sampled, &b->sampled, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+            ER_CUDA(cudaMemcpyAsync(&host_block_->sampled, &device_block()->sampled, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
         } else if (in.logits_out) {
             ER_CUDA(cudaMemcpyAsync(in.logits_out, row(Buf::LOGITS, 0), static_cast<size_t>(n * vocab) * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream_));
@@ -222,103 +276,219 @@ private:
                                     cudaMemcpyDeviceToHost, stream_));
         }
     }
-    const int64_t* pos0() const { return &reinterpret_cast<const StepBlock*>(block_.get())->pos0; }
-    const int32_t* tokens() const { return reinterpret_cast<const StepBlock*>(block_.get())->tokens; }
 
-    struct FreeHost {
-        void operator()(void* p) const noexcept { cudaFreeHost(p); }
-    };
-
-    static void gemv_check(TensorType type) {
-        if (!gemv_supports(type)) throw std::invalid_argument("the CUDA backend has no GEMV kernel for " + std::string(tensor_type_name(type)));
+    void record(const StepInputs& in, cudaGraphExec_t* graph) {
+        std::vector<Launch> launches;
+        compile(in, &launches);
+        cudaGraph_t g = nullptr;
+        ER_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+        begin(in.n_tokens);
+        for (const Launch& l : launches) enqueue(l, stream_, nullptr, overlap_);
+        end(in);
+        ER_CUDA(cudaStreamEndCapture(stream_, &g));
+        const cudaError_t status = cudaGraphInstantiate(graph, g, 0);
+        cudaGraphDestroy(g);
+        ER_CUDA(status);
     }
+
+    void write_table(const StepInputs& in, Table* t) {
+        compile(in, &t->launches);
+        size_t total = 0;
+        for (const Launch& l : t->launches) {
+            t->offset.push_back(total);
+            total += round_up(l.args_size, 16);
+        }
+        std::vector<uint8_t> host(total);
+        for (size_t i = 0; i < t->launches.size(); ++i)
+            std::memcpy(host.data() + t->offset[i], t->launches[i].args, t->launches[i].args_size);
+        t->memory = device_alloc<uint8_t>(total);
+        ER_CUDA(cudaMemcpy(t->memory.get(), host.data(), total, cudaMemcpyHostToDevice));
+    }
+
+    StepBlock* device_block() const { return reinterpret_cast<StepBlock*>(block_.get()); }
     float* row(Buf b, int64_t t) const { return arena_.get() + offset_[static_cast<int>(b)] + t * width_[static_cast<int>(b)]; }
     int64_t width(Buf b) const { return width_[static_cast<int>(b)]; }
-
-    void exec(const Op& op, const StepInputs& in, bool quantize) {
-        const int64_t n = in.n_tokens;
-        // tail ops (final norm, LM head) only for the rows whose logits are wanted
-        const int64_t first = op.tail && !in.logits_out ? n - 1 : 0;
-        switch (op.kind) {
-            case OpKind::Embed:
-                return embed(op.weight->type, (*w_)(op.weight), op.weight->row_bytes, op.weight->cols, tokens(), n,
-                             row(Buf::X, 0), stream_);
-            case OpKind::RmsNorm:
-                return rms_norm(row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first), n - first,
-                                width(op.in), c_.norm_eps, stream_);
-            case OpKind::HeadRmsNorm:
-                return rms_norm(row(op.in, 0), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.in, 0), n * op.heads,
-                                c_.head_dim, c_.norm_eps, stream_);
-            case OpKind::MatMul: {
-                GemvArgs a{(*w_)(op.weight), op.weight->row_bytes, op.weight->rows, op.weight->cols, row(op.in, first),
-                           reinterpret_cast<const float*>((*w_)(op.bias)), row(op.out, first), op.accumulate};
-                a.n_tokens = n - first;
-                a.x_stride = width(op.in);
-                a.y_stride = width(op.out);
-                a.xq_stride = widest_ / 32;
-                a.xq = reinterpret_cast<const QBlock*>(qbuf_.get() + static_cast<size_t>(first * a.xq_stride) * qblock_bytes());
-                if (quantize)
-                    quantize_activations(row(op.in, first), reinterpret_cast<QBlock*>(qbuf_.get() + static_cast<size_t>(first * a.xq_stride) * qblock_bytes()),
-                                         n - first, op.weight->cols, width(op.in), a.xq_stride, stream_);
-                return gemv_launch(op.weight->type, a, stream_);
-            }
-            case OpKind::Rope:
-                if (op.in != Buf::Q) return;  // rope(Q) and rope(K) run as one launch, at rope(Q)
-                return rope(RopeArgs{row(Buf::Q, 0), row(Buf::K, 0), inv_freq_.get(), n, pos0(), c_.rope_linear_scale,
-                                     static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv), static_cast<int>(c_.head_dim),
-                                     static_cast<int>(c_.rope_dim), c_.rope_style == RopeStyle::Neox},
-                            stream_);
-            case OpKind::KvStore:
-                return kv_store(row(Buf::K, 0), row(Buf::V, 0), kv_->k(op.layer), kv_->v(op.layer), n, pos0(),
-                                kv_->layout.capacity, kv_->layout.kv_dim, stream_);
-            case OpKind::Attention:
-                return attention(AttentionArgs{row(op.in, 0), kv_->k(op.layer), kv_->v(op.layer), row(op.out, 0), n, pos0(),
-                                               kv_->layout.capacity, op.window, static_cast<int>(c_.n_head),
-                                               static_cast<int>(c_.n_head_kv), static_cast<int>(c_.head_dim)},
-                                 stream_);
-            case OpKind::SwiGLU: return swiglu(row(op.in, 0), row(Buf::UP, 0), n * width(op.in), stream_);
-            case OpKind::GeGLU: throw std::logic_error("GeGLU on CUDA");  // refused by unsupported()
-        }
+    QBlock* qrow(int64_t t) const {
+        return reinterpret_cast<QBlock*>(qbuf_.get() + static_cast<size_t>(t * (widest_ / 32)) * qblock_bytes());
     }
 
     const ModelConfig& c_;
     const Plan& plan_;
     std::shared_ptr<DeviceModel> w_;
     std::shared_ptr<DeviceKv> kv_;
-    const float* freq_factors_ = nullptr;
+    Dispatch dispatch_;
+    bool overlap_;  // programmatic dependent launch between kernels
+    std::vector<Step> steps_;
     size_t offset_[kBufCount] = {};
     int64_t width_[kBufCount] = {};
-    Dispatch dispatch_;
-    std::vector<bool> quantize_before_;  // per op: quantize its input to int8 first
-    int64_t widest_ = 0;                 // widest matmul input (the int8 buffer's row)
+    int64_t widest_ = 32;                // widest quantized matmul input (the int8 buffer's row)
     DevicePtr<uint8_t> qbuf_;            // int8 activations of one buffer, max_tokens rows
-    DevicePtr<float> arena_, inv_freq_;
-    DevicePtr<uint8_t> block_;                      // the device step block
+    DevicePtr<float> arena_, inv_freq_;  // inv_freq_: the global base's, then the local base's
+    DevicePtr<uint8_t> block_;                         // the device step block
     std::unique_ptr<StepBlock, FreeHost> host_block_;  // its pinned staging copy
     std::unique_ptr<float, FreeHost> logits_;
+    DevicePtr<double> sample_scratch_;  // the sampler's weights, n_vocab
     cudaStream_t stream_ = nullptr;
-    cudaGraphExec_t graph_ = nullptr;          // the recorded one-token step, logits out
-    cudaGraphExec_t graph_sampled_ = nullptr;  // the same, ending with a drawn token
-    DevicePtr<double> sample_scratch_;         // the sampler's weights, n_vocab
-    int64_t last_row_ = 0;                     // the last run's last token row
+    std::vector<Launch> launches_;       // eager: this step's launches (capacity kept)
+    cudaGraphExec_t graph_[2] = {};      // recorded: the one-token step ending in logits / a drawn token
+    Table table_[2];                     // argument_buffers: the same two
+    int64_t last_row_ = 0;               // the last run's last token row
 };
+
+// Ops → steps, mirroring the CPU backend's prepare (cpu/executable.cpp), and where each
+// matmul's int8 input comes from: the RMSNorm or attention right before writes it as it
+// writes its output, else a quantize kernel runs first; a run of matmuls reading the same
+// buffer quantizes it once.
+void Runner::fuse() {
+    const std::vector<Op>& ops = plan_.ops;
+    Buf quantized = Buf::Count;
+    for (size_t i = 0; i < ops.size(); ++i) {
+        const Op& op = ops[i];
+        Step s{};
+        s.op = op;
+        switch (op.kind) {
+            case OpKind::Embed: s.kind = Step::Embed; break;
+            case OpKind::RmsNorm: s.kind = Step::Norm; break;
+            case OpKind::HeadRmsNorm: s.kind = Step::HeadNorm; break;
+            case OpKind::Attention:
+                s.kind = Step::Attention;
+                if (c_.head_dim > 256) throw std::invalid_argument("the CUDA attention kernel takes head sizes up to 256");
+                break;
+            case OpKind::SwiGLU: case OpKind::GeGLU:
+                s.kind = Step::Glu;
+                s.glu = op.kind == OpKind::GeGLU ? cuda::Glu::GELU : cuda::Glu::SiLU;
+                break;
+            case OpKind::Rope: case OpKind::KvStore:
+                if (!(op.kind == OpKind::Rope && op.in == Buf::Q && i + 2 < ops.size() && ops[i + 1].kind == OpKind::Rope &&
+                      ops[i + 1].in == Buf::K && ops[i + 2].kind == OpKind::KvStore))
+                    throw std::logic_error("the CUDA backend runs rope(Q), rope(K) and kv_store as one step; the plan split them");
+                s.kind = Step::RopeKv;
+                s.local_rope = op.local_rope;
+                s.layer = ops[i + 2].layer;
+                i += 2;
+                break;
+            case OpKind::MatMul: {
+                s.kind = Step::Gemv;
+                const TensorType type = op.weight->type;
+                if (!gemv_supports(type)) throw std::invalid_argument("the CUDA backend has no GEMV kernel for " + std::string(tensor_type_name(type)));
+                if (op.weight->cols % 32 != 0) throw std::invalid_argument("CUDA GEMV needs a multiple of 32 columns");
+                s.parts[s.n_parts++] = &op;
+                auto joins = [&](const Op& o) {
+                    return o.kind == OpKind::MatMul && o.in == op.in && !o.accumulate && o.tail == op.tail && o.weight->type == type &&
+                           o.weight->cols == op.weight->cols && o.weight->row_bytes == op.weight->row_bytes;
+                };
+                while (!op.accumulate && s.n_parts < 3 && i + 1 < ops.size() && joins(ops[i + 1])) s.parts[s.n_parts++] = &ops[++i];
+                if (s.n_parts == 2 && i + 1 < ops.size() && (ops[i + 1].kind == OpKind::SwiGLU || ops[i + 1].kind == OpKind::GeGLU) &&
+                    ops[i + 1].in == s.parts[0]->out && s.parts[1]->out == Buf::UP && s.parts[0]->weight->rows == s.parts[1]->weight->rows) {
+                    s.glu = ops[++i].kind == OpKind::GeGLU ? cuda::Glu::GELU : cuda::Glu::SiLU;
+                }
+                if (gemv_wants_q8(type) && quantized != op.in) {
+                    Step* prev = steps_.empty() ? nullptr : &steps_.back();
+                    const bool prev_writes = prev && prev->op.out == op.in && prev->op.tail == op.tail &&
+                                             ((prev->kind == Step::Norm && !prev->op.accumulate) || (prev->kind == Step::Attention && c_.head_dim % 32 == 0));
+                    if (prev_writes) prev->q_out = true;
+                    else s.quantize = true;
+                    quantized = op.in;
+                }
+                if (gemv_wants_q8(type)) widest_ = std::max(widest_, op.weight->cols);
+                break;
+            }
+        }
+        // A step that writes the quantized buffer makes its int8 copy stale.
+        bool writes = s.kind != Step::HeadNorm && s.kind != Step::Glu && s.kind != Step::RopeKv && s.op.out == quantized;
+        for (int k = 0; k < s.n_parts; ++k) writes |= s.parts[k]->out == quantized;
+        if (s.kind == Step::HeadNorm || s.kind == Step::Glu) writes = s.op.in == quantized;
+        if (s.kind == Step::RopeKv) writes = quantized == Buf::Q || quantized == Buf::K;
+        if (writes) quantized = Buf::Count;
+        steps_.push_back(s);
+    }
+}
+
+// The step's launches, arguments resolved against this step's size.
+void Runner::compile(const StepInputs& in, std::vector<Launch>* out) const {
+    out->clear();
+    const int64_t n = in.n_tokens;
+    StepBlock* b = device_block();
+    for (const Step& s : steps_) {
+        const Op& op = s.op;
+        // tail ops (final norm, LM head) only for the rows whose logits are wanted
+        const int64_t first = op.tail && !in.logits_out ? n - 1 : 0;
+        switch (s.kind) {
+            case Step::Embed:
+                out->push_back(embed(op.weight->type, EmbedArgs{(*w_)(op.weight), op.weight->row_bytes, op.weight->cols, b->tokens, n,
+                                                                 row(Buf::X, 0), op.scale}));
+                break;
+            case Step::Norm:
+                out->push_back(rms_norm(NormArgs{row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first),
+                                                 n - first, width(op.in), c_.norm_eps, op.accumulate, s.q_out ? qrow(first) : nullptr,
+                                                 widest_ / 32}));
+                break;
+            case Step::HeadNorm:
+                out->push_back(rms_norm(NormArgs{row(op.in, 0), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.in, 0),
+                                                 n * op.heads, c_.head_dim, c_.norm_eps, false, nullptr, 0}));
+                break;
+            case Step::Gemv: {
+                const Weight& w = *op.weight;
+                if (s.quantize) out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), widest_ / 32}));
+                GemvArgs a;
+                for (int k = 0; k < s.n_parts; ++k) {
+                    const Op& p = *s.parts[k];
+                    a.part[k] = GemvPart{(*w_)(p.weight), reinterpret_cast<const float*>((*w_)(p.bias)), row(p.out, first), p.weight->rows,
+                                         width(p.out)};
+                }
+                a.n_parts = s.n_parts;
+                a.glu = s.glu;
+                a.row_bytes = w.row_bytes;
+                a.cols = w.cols;
+                a.n_tokens = n - first;
+                a.x = row(op.in, first);
+                a.x_stride = width(op.in);
+                a.xq = qrow(first);
+                a.xq_stride = widest_ / 32;
+                a.accumulate = op.accumulate;
+                out->push_back(gemv(w.type, a));
+                break;
+            }
+            case Step::RopeKv: {
+                const int64_t l = s.layer;
+                out->push_back(rope_kv(RopeKvArgs{row(Buf::Q, 0), row(Buf::K, 0), row(Buf::V, 0), kv_->k(l), kv_->v(l),
+                                                  inv_freq_.get() + (s.local_rope ? c_.rope_dim / 2 : 0), n, &b->pos0,
+                                                  kv_->capacity[static_cast<size_t>(l)], c_.rope_linear_scale, c_.rope_attn_factor,
+                                                  static_cast<int32_t>(c_.n_head), static_cast<int32_t>(c_.n_head_kv),
+                                                  static_cast<int32_t>(c_.head_dim), static_cast<int32_t>(c_.rope_dim),
+                                                  c_.rope_style == RopeStyle::Neox}));
+                break;
+            }
+            case Step::Attention: {
+                const int64_t l = op.layer;
+                out->push_back(attention(AttentionArgs{row(op.in, 0), kv_->k(l), kv_->v(l), row(op.out, 0), s.q_out ? qrow(0) : nullptr,
+                                                       widest_ / 32, n, &b->pos0, kv_->capacity[static_cast<size_t>(l)], op.window,
+                                                       static_cast<int32_t>(c_.n_head), static_cast<int32_t>(c_.n_head_kv),
+                                                       static_cast<int32_t>(c_.head_dim)}));
+                break;
+            }
+            case Step::Glu: out->push_back(glu(GluArgs{row(op.in, 0), row(Buf::UP, 0), n * width(op.in), s.glu})); break;
+        }
+    }
+    if (in.sample)
+        out->push_back(sample(SampleArgs{row(Buf::LOGITS, n - 1), static_cast<int32_t>(c_.n_vocab), &b->sampling, &b->sample_step,
+                                         sample_scratch_.get(), &b->sampled}));
+}
 
 }  // namespace
 
 Dispatch parse_dispatch(const std::string& name) {
     if (name == "eager") return Dispatch::Eager;
+    if (name == "argument_buffers") return Dispatch::ArgumentBuffers;
     if (name == "recorded" || name == "auto") return Dispatch::Recorded;
-    throw std::invalid_argument("unknown dispatch mode '" + name + "'; choose eager, recorded or auto");
+    throw std::invalid_argument("unknown dispatch mode '" + name + "'; choose eager, argument_buffers, recorded or auto");
 }
 
 std::string unsupported(const ModelConfig& c, const Plan& plan) {
-    if (c.rope_attn_factor != 1.0f) return "LongRoPE's attention factor";
-    for (const Op& op : plan.ops) {
-        if (op.kind == OpKind::GeGLU) return "GELU-gated feed-forward";
-        if (op.kind == OpKind::RmsNorm && op.accumulate) return "post-norms into the residual";
-        if (op.kind == OpKind::Embed && op.scale != 1.0f) return "scaled embeddings";
-        if (op.kind == OpKind::Rope && op.local_rope) return "a second RoPE base for local layers";
-    }
+    if (c.head_dim > 256) return "head sizes above 256";
+    for (const Op& op : plan.ops)
+        if (op.weight && (op.kind == OpKind::MatMul || op.kind == OpKind::Embed) && !gemv_supports(op.weight->type))
+            return "weights of type " + std::string(tensor_type_name(op.weight->type));
     return "";
 }
 

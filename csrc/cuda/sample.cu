@@ -50,10 +50,20 @@ __device__ uint32_t search(F f, double target) {
     return lo;
 }
 
-__global__ void sample_kernel(const float* __restrict__ l, int32_t n, const DeviceSampling* pp, const uint64_t* step_p, double* w,
-                              int32_t* out) {
-    const DeviceSampling p = *pp;
-    const uint64_t step = *step_p;
+struct Sample {
+    using Args = SampleArgs;
+    static __device__ void run(const Args& a);
+};
+
+__device__ void Sample::run(const SampleArgs& a) {
+    allow_next();
+    wait_inputs();
+    const float* __restrict__ l = a.logits;
+    const int32_t n = a.n_vocab;
+    double* w = a.scratch;
+    int32_t* out = a.out;
+    const DeviceSampling p = *a.params;
+    const uint64_t step = *a.step;
     __shared__ double dsh[kThreads / 32];
     __shared__ float fsh[kThreads / 32];
     __shared__ int ish[kThreads / 32];
@@ -137,10 +147,6 @@ __global__ void sample_kernel(const float* __restrict__ l, int32_t n, const Devi
 
 }  // namespace
 
-void sample(const float* logits, int32_t n_vocab, const DeviceSampling* p, const uint64_t* step, double* scratch,
-            int32_t* out, cudaStream_t stream) {
-    sample_kernel<<<1, kThreads, 0, stream>>>(logits, n_vocab, p, step, scratch, out);
-    ER_CUDA(cudaGetLastError());
-}
+Launch sample(const SampleArgs& a) { return make_launch<Sample>(dim3(1), dim3(kThreads), a); }
 
 }  // namespace edgerunner::cuda

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "launch.cuh"
+
 namespace edgerunner::cuda {
 
 struct DeviceSampling {
@@ -18,9 +20,14 @@ struct DeviceSampling {
     uint64_t seed;
 };
 
-// logits: n_vocab floats; p and step: read from device memory (the step block, so a recorded
-// step replays with new values); scratch: n_vocab doubles; out: one int32. All device pointers.
-void sample(const float* logits, int32_t n_vocab, const DeviceSampling* p, const uint64_t* step, double* scratch,
-            int32_t* out, cudaStream_t stream);
+struct SampleArgs {
+    const float* logits;           // n_vocab floats
+    int32_t n_vocab;
+    const DeviceSampling* params;  // device: the step block's (a replayed step reads new values)
+    const uint64_t* step;          // device: the RNG counter
+    double* scratch;               // n_vocab doubles
+    int32_t* out;                  // the drawn token
+};
+Launch sample(const SampleArgs& a);
 
 }  // namespace edgerunner::cuda

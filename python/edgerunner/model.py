@@ -71,9 +71,11 @@ class Model:
             prefill_chunk: tokens per prefill step.
             backend: ``"cpu"``, ``"cuda"`` (a build with the CUDA backend and an NVIDIA GPU), or
                 ``"auto"``: CUDA where it is available (and not ``precise``), else the CPU.
-            dispatch: how GPU steps are issued: ``"eager"`` (a launch per op), ``"recorded"``
-                (the decode step captured once as a CUDA graph and replayed) or ``"auto"``
-                (recorded). Ignored by the CPU backend.
+            dispatch: how GPU decode steps are issued: ``"eager"`` (each op's arguments encoded
+                and launched every step), ``"argument_buffers"`` (arguments written once into a
+                device table, the same launches each step), ``"recorded"`` (the step captured
+                once as a CUDA graph and replayed) or ``"auto"`` (recorded). Ignored by the CPU
+                backend.
 
         Raises:
             FileNotFoundError, edgerunner.GGUFError (malformed file), ValueError (unsupported

@@ -579,6 +579,46 @@ def write_random_model(
     return target
 
 
+def truncate_model(src: str | os.PathLike[str], path: str | os.PathLike[str], n_layers: int) -> pathlib.Path:
+    """Copy the GGUF `src` keeping only its first `n_layers` blocks (metadata, vocabulary,
+    embeddings, output norm and head unchanged; block_count rewritten): a real model small
+    enough to carry, for tests that compare backends on real weights.
+    """
+    reader = gguf.GGUFReader(src)
+    arch = str(reader.fields["general.architecture"].contents())
+    count_key = f"{arch}.block_count"
+    have = int(reader.fields[count_key].contents())
+    if not 1 <= n_layers <= have:
+        raise ValueError(f"{src} has {have} layers; n_layers must be between 1 and {have}, got {n_layers}")
+    target = pathlib.Path(path)
+    partial = target.with_name(target.name + ".partial")
+    writer = gguf.GGUFWriter(partial, arch)
+    try:
+        for name, field in reader.fields.items():
+            if name.startswith("GGUF.") or name == "general.architecture":
+                continue
+            vtype = field.types[0]
+            value = n_layers if name == count_key else field.contents()
+            sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(name, value, vtype, sub_type=sub_type)
+        for t in reader.tensors:
+            parts = t.name.split(".")
+            if parts[0] == "blk" and int(parts[1]) >= n_layers:
+                continue
+            raw = t.tensor_type not in (QType.F32, QType.F16)
+            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type if raw else None)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(partial, target)
+    except BaseException:
+        writer.close()
+        partial.unlink(missing_ok=True)
+        raise
+    return target
+
+
 def _parse_value(text: str) -> Any:
     try:
         return json.loads(text)
@@ -589,7 +629,7 @@ def _parse_value(text: str) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m edgerunner.model_builder",
-        description="Write a random-weight GGUF model.",
+        description="Write a random-weight GGUF model (or a real one cut to its first layers).",
     )
     parser.add_argument("out", type=pathlib.Path, help="output .gguf path")
     parser.add_argument("--arch", default="llama", choices=list(ARCHITECTURES))
@@ -600,7 +640,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a config field (JSON value), e.g. --set n_kv_heads=1 --set tied=false")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--truncate", type=pathlib.Path, metavar="SRC",
+                        help="instead of random weights: copy the GGUF SRC keeping its first --layers blocks")
+    parser.add_argument("--layers", type=int, default=2, help="blocks kept by --truncate (default 2)")
     args = parser.parse_args(argv)
+    if args.truncate:
+        try:
+            print(truncate_model(args.truncate, args.out, args.layers))
+        except (OSError, ValueError) as exc:
+            parser.error(str(exc))
+        return 0
     overrides = {}
     for item in args.overrides:
         field, sep, value = item.partition("=")

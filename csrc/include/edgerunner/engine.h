@@ -25,7 +25,7 @@ struct LoadOptions {
     int n_threads = 0;            // 0: all hardware threads
     int64_t prefill_chunk = 256;  // tokens per prefill step
     std::string backend = "auto"; // cpu, cuda, or auto (cuda where this build has it and a device is present)
-    std::string dispatch = "auto";  // GPU backends: eager, recorded, auto (= recorded)
+    std::string dispatch = "auto";  // GPU backends: eager, argument_buffers, recorded, auto (= recorded)
 };
 constexpr int64_t kDefaultMaxContext = 4096;
 

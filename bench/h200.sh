@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The CUDA figures of bench/NOTES.md, on the lent H200 (device tool), from the repository root:
+#   bench/h200.sh setup                   build the package with the CUDA backend into /tmp/site
+#   bench/h200.sh test                    the CUDA tests (backend ops, whole models, dispatch modes)
+#   bench/h200.sh models NAME...          random-weight GGUFs of real shapes into /tmp/m (NAME = PRESET-TYPE,
+#                                         e.g. llama-3.1-8b-Q4_0; presets and types of edgerunner.model_builder)
+#   bench/h200.sh bench [bench args]      python -m bench over every file in /tmp/m, CUDA, all dispatch modes
+#   bench/h200.sh peer                    build llama.cpp's CUDA llama-bench from the sdist source carried in
+#                                         .peer/ (never committed) into /tmp/peer
+# .whl/ carries the gguf wheel the device lacks (and, for `test`, the truncated real model).
+set -euo pipefail
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+case "${1:-}" in
+  setup)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -q \
+      -C cmake.define.EDGERUNNER_CUDA=ON -C build-dir=/tmp/b . ;;
+  test)
+    shift
+    EDGERUNNER_TRUNCATED_SMOLLM2=$PWD/.whl/smollm2-2l.gguf timeout 400 python3 -m pytest -q -p no:cacheprovider \
+      tests/test_cuda_ops.py tests/test_cuda_engine.py "$@" ;;
+  models)
+    shift
+    mkdir -p /tmp/m
+    for name in "$@"; do
+      preset=${name%-*}; type=${name##*-}
+      [ -f /tmp/m/$name.gguf ] || python3 -m edgerunner.model_builder /tmp/m/$name.gguf --preset $preset --type $type --quiet
+    done ;;
+  bench)
+    shift
+    timeout 500 python3 -m bench /tmp/m/*.gguf --backend cuda --dispatch eager,argument_buffers,recorded "$@" ;;
+  peer)
+    mkdir -p /tmp/peer && cd .peer/llama.cpp
+    cmake -S . -B /tmp/peer -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+      -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >/dev/null
+    cmake --build /tmp/peer --target llama-bench -j 16 2>&1 | tail -2 ;;
+  *) sed -n 2,10p "$0"; exit 2 ;;
+esac

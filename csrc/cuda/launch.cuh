@@ -1,0 +1,94 @@
+// How every kernel of the backend is written and launched.
+//
+// A kernel is a struct with its argument struct and a device body:
+//
+//     struct RmsNorm {
+//         using Args = NormArgs;
+//         static __device__ void run(const Args& a);
+//     };
+//
+// and gets two entry points from that one body: `by_value<K>` takes the Args as a kernel
+// parameter (eager dispatch; also what a recorded CUDA graph bakes in), `by_table<K>` reads them
+// from a device-resident table written once at prepare time (argument-buffer dispatch). A
+// `Launch` is one such kernel with its grid and its Args bytes: the runner turns the step plan
+// into a list of them and dispatches the list in one of three ways.
+//
+// Programmatic dependent launch (sm_90): kernels are launched so that the next one may start
+// while this one drains. Every body therefore calls `wait_inputs()` before it touches any
+// activation, cache or step-block memory (reads and writes); only weights, which no kernel
+// writes, may be read before it. `allow_next()` lets the next kernel start launching.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace edgerunner::cuda {
+
+__device__ __forceinline__ void wait_inputs() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// Pull [p, p + bytes) towards L2 without waiting for it (one 128-byte line per lane and step).
+__device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes, int lane, int lanes) {
+    const char* c = static_cast<const char*>(p);
+    for (size_t off = static_cast<size_t>(lane) * 128; off < bytes; off += static_cast<size_t>(lanes) * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
+}
+
+template <class K>
+__global__ void by_value(const typename K::Args a) {
+    K::run(a);
+}
+
+template <class K>
+__global__ void by_table(const typename K::Args* __restrict__ a) {
+    K::run(*a);
+}
+
+// One kernel launch: which kernel, its shape, its arguments (copied in, no allocation).
+struct Launch {
+    static constexpr size_t kMaxArgs = 320;
+    const void* by_value = nullptr;
+    const void* by_table = nullptr;
+    dim3 grid, block;
+    size_t smem = 0;  // dynamic shared memory, bytes
+    size_t args_size = 0;
+    alignas(16) unsigned char args[kMaxArgs];
+};
+
+template <class K>
+Launch make_launch(dim3 grid, dim3 block, const typename K::Args& a, size_t smem = 0) {
+    using A = typename K::Args;
+    static_assert(sizeof(A) <= Launch::kMaxArgs && alignof(A) <= 16 && std::is_trivially_copyable_v<A>, "kernel arguments");
+    Launch l;
+    l.by_value = reinterpret_cast<const void*>(&cuda::by_value<K>);
+    l.by_table = reinterpret_cast<const void*>(&cuda::by_table<K>);
+    l.grid = grid;
+    l.block = block;
+    l.smem = smem;
+    l.args_size = sizeof(A);
+    std::memcpy(l.args, &a, sizeof(A));
+    return l;
+}
+
+// Enqueue `l` on `stream`: its arguments by value, or (table != null) the device copy of them
+// at `table`. `overlap`: may start while the previous kernel drains (sm_90 and later).
+void enqueue(const Launch& l, cudaStream_t stream, const void* table, bool overlap);
+
+// Whether the device supports programmatic dependent launch (compute capability 9.0+) and the
+// environment does not turn it off (EDGERUNNER_CUDA_OVERLAP=0, for measurements).
+bool overlap_supported();
+
+}  // namespace edgerunner::cuda
