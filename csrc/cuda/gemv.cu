@@ -103,36 +103,52 @@ struct Gemv {
     }
 };
 
-// The one-token GEMV of the int8 formats, staged through shared memory. Each warp takes two
-// rows (or a gate row and its up row) and streams them in chunks of whole blocks: every lane
-// copies 16-byte pieces of the raw bytes (cp.async, so the copies of the next chunk fly while
-// this one is computed), then the four-lanes-per-unit dot products read the blocks out of shared
-// memory. Loads from global memory are thus full-width and coalesced whatever the block size
-// (18, 20, 22, 24, 34, 144, 176, 210 bytes), and the first chunk is requested before the
-// kernel waits for its input.
-constexpr int kStage = 2048;        // bytes of one row per chunk (at most)
-constexpr int kStageBytes = kStage + 32;  // + room to start and end on 16-byte boundaries
-constexpr int kSlots = 2;           // rows per warp
-constexpr size_t kStagedSmem = static_cast<size_t>(kWarpsPerBlock) * 2 * kSlots * kStageBytes;
+// The one-token GEMV of the int8 formats, staged through shared memory. A block of eight warps
+// loads the int8 activations into shared memory once; each warp takes two rows (or a gate row
+// and its up row) and streams them through a ring of three chunk buffers: every lane copies
+// 16-byte pieces of the raw bytes (cp.async), so three chunks per row are in flight while one is
+// computed, and the four-lanes-per-unit dot products read blocks and activations out of shared
+// memory. Global loads are thus full-width and coalesced whatever the block size (18, 20, 22,
+// 24, 34, 144, 176, 210 bytes), and the first chunks are requested before the kernel waits for
+// its input.
+constexpr int kStagedWarps = 8;
+constexpr int64_t kMaxStagedCols = 65536;  // activations of up to this many columns in shared memory (72 KiB)
+constexpr int kStage = 1024;               // bytes of one row per chunk (at most)
+constexpr int kStageBytes = kStage + 32;   // + room to start and end on 16-byte boundaries
+constexpr int kRing = 3;                   // chunk buffers per row
+constexpr int kSlots = 2;                  // rows per warp
+constexpr size_t kWeightSmem = static_cast<size_t>(kStagedWarps) * kRing * kSlots * kStageBytes;
 
 __device__ __forceinline__ void copy16(void* smem, const void* global) {
     const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global));
 }
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
-__device__ __forceinline__ void wait_all_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+// Until at most kRing - 1 of this thread's copy groups are pending: the oldest has landed.
+__device__ __forceinline__ void wait_oldest() { asm volatile("cp.async.wait_group %0;" ::"n"(kRing - 1) : "memory"); }
+
+// Copy [begin, begin + bytes) into dst as 16-byte pieces from the 16-byte boundary at or below
+// begin (lanes `lane` of `lanes`); returns where begin landed.
+__device__ __forceinline__ const uint8_t* stage_copy(uint8_t* dst, const uint8_t* begin, size_t bytes, int lane, int lanes) {
+    const uintptr_t b = reinterpret_cast<uintptr_t>(begin);
+    const uintptr_t lo = b & ~uintptr_t{15}, hi = (b + bytes + 15) & ~uintptr_t{15};
+    for (uintptr_t off = 16 * static_cast<uintptr_t>(lane); off < hi - lo; off += 16 * static_cast<uintptr_t>(lanes))
+        copy16(dst + off, reinterpret_cast<const void*>(lo + off));
+    return dst + (b - lo);
+}
 
 template <TensorType T>
 struct GemvStaged {
     using Args = GemvArgs;
     using Q = Quarter<T>;
     static constexpr int kBlockBytes = sizeof(typename Q::Block);
+    static_assert(kBlockBytes <= kStage, "a chunk holds at least one block");
 
     static __device__ void run(const Args& a) {
         extern __shared__ uint4 smem[];
         allow_next();
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        const int64_t wg = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+        const int64_t wg = static_cast<int64_t>(blockIdx.x) * kStagedWarps + warp;
         const bool gated = a.glu != Glu::None;
         // the warp's two rows: gate row wg and up row wg, or rows 2wg and 2wg + 1 of the parts
         const uint8_t* row[kSlots];
@@ -149,54 +165,63 @@ struct GemvStaged {
             row[s] = r[s] < field(a, part[s], &GemvPart::rows) ? field(a, part[s], &GemvPart::w) + static_cast<size_t>(r[s]) * a.row_bytes
                                                               : nullptr;
         }
-        if (!row[0]) return wait_inputs();
 
+        // chunks of equal block counts, each at most kStage bytes
         const int64_t n_blocks = a.cols / (32 * Q::kUnits);
-        const int64_t n_chunks = (n_blocks * kBlockBytes + kStage - 1) / kStage;
-        const int64_t chunk_blocks = (n_blocks + n_chunks - 1) / n_chunks;  // balanced, ≤ kStage bytes
-        uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + static_cast<size_t>(warp) * 2 * kSlots * kStageBytes;
-        // chunk c of every row into stage buffer c % 2; returns nothing, one commit group per chunk
+        const int64_t n_chunks = (n_blocks + kStage / kBlockBytes - 1) / (kStage / kBlockBytes);
+        const int64_t chunk_blocks = (n_blocks + n_chunks - 1) / n_chunks;
+        uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + static_cast<size_t>(warp) * kRing * kSlots * kStageBytes;
+        // chunk c of row s: where it lands in ring buffer c % kRing
+        auto staged = [&](int64_t c, int s) {
+            return stage + ((c % kRing) * kSlots + s) * kStageBytes + (reinterpret_cast<uintptr_t>(row[s] + c * chunk_blocks * kBlockBytes) & 15);
+        };
+        // chunk c of the warp's rows into its ring buffer: one commit group (empty past the end)
         auto issue = [&](int64_t c) {
             if (c < n_chunks) {
                 const int64_t b0 = c * chunk_blocks, nb = min(chunk_blocks, n_blocks - b0);
 #pragma unroll
-                for (int s = 0; s < kSlots; ++s) {
-                    if (!row[s]) continue;
-                    const uintptr_t begin = reinterpret_cast<uintptr_t>(row[s] + b0 * kBlockBytes);
-                    const uintptr_t lo = begin & ~uintptr_t{15}, hi = (begin + nb * kBlockBytes + 15) & ~uintptr_t{15};
-                    uint8_t* dst = stage + ((c % 2) * kSlots + s) * kStageBytes;
-                    for (uintptr_t off = 16 * lane; off < hi - lo; off += 16 * 32)
-                        copy16(dst + off, reinterpret_cast<const void*>(lo + off));
-                }
+                for (int s = 0; s < kSlots; ++s)
+                    if (row[s])
+                        stage_copy(stage + ((c % kRing) * kSlots + s) * kStageBytes, row[s] + b0 * kBlockBytes,
+                                   static_cast<size_t>(nb) * kBlockBytes, lane, 32);
             }
             commit();
         };
-        issue(0);
+        for (int c = 0; c < kRing; ++c) issue(c);
         wait_inputs();
+        // the activations, once for the block's 16 rows (plain 16-byte loads: the copy groups
+        // above stay the weights')
+        {
+            const uintptr_t b = reinterpret_cast<uintptr_t>(a.xq), lo = b & ~uintptr_t{15};
+            const uintptr_t hi = (b + static_cast<uintptr_t>(a.cols / 32) * sizeof(QBlock) + 15) & ~uintptr_t{15};
+            uint8_t* dst = reinterpret_cast<uint8_t*>(smem) + kWeightSmem;
+            for (uintptr_t off = 16 * threadIdx.x; off < hi - lo; off += 16 * blockDim.x)
+                *reinterpret_cast<uint4*>(dst + off) = *reinterpret_cast<const uint4*>(lo + off);
+            __syncthreads();
+        }
+        const QBlock* xs = reinterpret_cast<const QBlock*>(reinterpret_cast<uint8_t*>(smem) + kWeightSmem +
+                                                           (reinterpret_cast<uintptr_t>(a.xq) & 15));
 
         float sum[kSlots] = {};
         const int k = lane % 4;
-        for (int64_t c = 0; c < n_chunks; ++c) {
-            issue(c + 1);
-            wait_all_but_one();  // this lane's copies of chunk c have landed
-            __syncwarp();        // and every lane's
-            const int64_t b0 = c * chunk_blocks, units = min(chunk_blocks, n_blocks - b0) * Q::kUnits;
-            const uint8_t* src[kSlots];
-#pragma unroll
-            for (int s = 0; s < kSlots; ++s) {
-                const uintptr_t begin = reinterpret_cast<uintptr_t>(row[s] + b0 * kBlockBytes);
-                src[s] = stage + ((c % 2) * kSlots + s) * kStageBytes + (begin & 15);
+        if (row[0])
+            for (int64_t c = 0; c < n_chunks; ++c) {
+                wait_oldest();  // this lane's pieces of chunk c have landed ...
+                __syncwarp();   // ... and every lane's
+                const int64_t units = min(chunk_blocks, n_blocks - c * chunk_blocks) * Q::kUnits;
+                const QBlock* x = xs + c * chunk_blocks * Q::kUnits;
+                const uint8_t* w0 = staged(c, 0);
+                const uint8_t* w1 = row[1] ? staged(c, 1) : nullptr;
+#pragma unroll 4
+                for (int64_t u = lane / 4; u < units; u += 8) {
+                    sum[0] += Q::dot(w0, u, k, x[u]);
+                    if (w1) sum[1] += Q::dot(w1, u, k, x[u]);
+                }
+                __syncwarp();  // everyone is done with this buffer
+                issue(c + kRing);
             }
-            const QBlock* xq = a.xq + b0 * Q::kUnits;
-            for (int64_t u = lane / 4; u < units; u += 8) {
-                const QBlock& x = xq[u];
-                sum[0] += Q::dot(src[0], u, k, x);
-                if (row[1]) sum[1] += Q::dot(src[1], u, k, x);
-            }
-            __syncwarp();  // everyone is done with this buffer before chunk c + 2 lands in it
-        }
         const float v0 = warp_sum(sum[0]), v1 = warp_sum(sum[1]);
-        if (lane != 0) return;
+        if (lane != 0 || !row[0]) return;
         if (gated) {
             a.part[0].y[r[0]] = gate_act(a.glu, v0) * v1;
             return;
@@ -210,6 +235,8 @@ struct GemvStaged {
             *out = a.accumulate ? *out + v : v;
         }
     }
+
+    static size_t smem(const GemvArgs& a) { return kWeightSmem + static_cast<size_t>(a.cols / 32) * sizeof(QBlock) + 32; }
 };
 
 // A step of one token (decode) takes the one-token kernel; several tokens share weight loads
@@ -222,8 +249,13 @@ Launch launch(const GemvArgs& a) {
     if constexpr (Quarter<T>::kFast)
         if (a.n_tokens == 1) {
             const int64_t warps = a.glu != Glu::None ? rows : (rows + kSlots - 1) / kSlots;
-            return make_launch<GemvStaged<T>>(dim3(static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock)), block, a,
-                                              kStagedSmem);
+            const size_t smem = GemvStaged<T>::smem(a);
+            static const bool sized = allow_smem<GemvStaged<T>>(GemvStaged<T>::smem(GemvArgs{}) + kMaxStagedCols / 32 * sizeof(QBlock));
+            (void)sized;
+            if (smem > kWeightSmem + kMaxStagedCols / 32 * sizeof(QBlock) + 32)
+                throw std::invalid_argument("the CUDA GEMV takes rows of up to " + std::to_string(kMaxStagedCols) + " columns");
+            return make_launch<GemvStaged<T>>(dim3(static_cast<unsigned>((warps + kStagedWarps - 1) / kStagedWarps)),
+                                              dim3(32 * kStagedWarps), a, smem);
         }
     if (a.n_tokens == 1) return make_launch<Gemv<T, 1>>(dim3(row_blocks, 1), block, a);
     return make_launch<Gemv<T, 8>>(dim3(row_blocks, static_cast<unsigned>((a.n_tokens + 7) / 8)), block, a);
@@ -315,7 +347,7 @@ std::vector<float> gemv(TensorType type, const uint8_t* rows, int64_t n_rows, si
     auto w = device_alloc<uint8_t>(static_cast<size_t>(n_rows) * row_bytes + 256);  // kernels may read up to 15 bytes past a row
     auto xd = device_alloc<float>(static_cast<size_t>(n));
     auto yd = device_alloc<float>(static_cast<size_t>(n_rows));
-    auto xq = device_alloc<QBlock>(static_cast<size_t>(n / 32));
+    auto xq = device_alloc<QBlock>(static_cast<size_t>(n / 32) + 8);
     ER_CUDA(cudaMemcpy(w.get(), rows, static_cast<size_t>(n_rows) * row_bytes, cudaMemcpyHostToDevice));
     ER_CUDA(cudaMemcpy(xd.get(), x, static_cast<size_t>(n) * sizeof(float), cudaMemcpyHostToDevice));
     GemvArgs args;

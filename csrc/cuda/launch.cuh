@@ -83,6 +83,14 @@ Launch make_launch(dim3 grid, dim3 block, const typename K::Args& a, size_t smem
     return l;
 }
 
+// Let kernel K use `bytes` of dynamic shared memory (past the default 48 KiB), both entry points.
+template <class K>
+bool allow_smem(size_t bytes) {
+    cudaFuncSetAttribute(reinterpret_cast<const void*>(&cuda::by_value<K>), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    cudaFuncSetAttribute(reinterpret_cast<const void*>(&cuda::by_table<K>), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    return true;
+}
+
 // Enqueue `l` on `stream`: its arguments by value, or (table != null) the device copy of them
 // at `table`. `overlap`: may start while the previous kernel drains (sm_90 and later).
 void enqueue(const Launch& l, cudaStream_t stream, const void* table, bool overlap);

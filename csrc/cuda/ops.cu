@@ -1,4 +1,5 @@
 // The CUDA backend's per-op kernels; see ops.cuh.
+#include <algorithm>
 #include <cfloat>
 #include <stdexcept>
 #include <string>
@@ -33,15 +34,18 @@ struct Embed {
     }
 };
 
-// One block per row: the sum of squares, then each warp writes (and quantizes) 32-value runs.
+// One block per row, about four values per thread (so every load of the row is in flight at
+// once): the sum of squares, then each warp writes (and quantizes) 32-value runs.
 struct RmsNorm {
     using Args = NormArgs;
     static __device__ void run(const Args& a) {
         allow_next();
+        prefetch_l2(a.w, static_cast<size_t>(a.n) * sizeof(float), threadIdx.x, blockDim.x);  // a weight: before the wait
         wait_inputs();
         __shared__ float partial[32];
         const float* x = a.in + blockIdx.x * a.n;
         float ss = 0.0f;
+#pragma unroll 4
         for (int64_t i = threadIdx.x; i < a.n; i += blockDim.x) ss += x[i] * x[i];
         ss = warp_sum(ss);
         if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
@@ -55,6 +59,7 @@ struct RmsNorm {
         const float scale = 1.0f / sqrtf(partial[0] / static_cast<float>(a.n) + a.eps);
         float* y = a.out + blockIdx.x * a.n;
         const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+#pragma unroll 4
         for (int64_t b = threadIdx.x / 32; b < (a.n + 31) / 32; b += warps) {  // (in == out: each value read before written)
             const int64_t i = 32 * b + lane;
             float v = 0.0f;
@@ -112,7 +117,7 @@ struct RopeKv {
 // One block per (token, head): each warp walks every kWarps-th position with its own running
 // max, sum and output (lane l holds dimensions l, l + 32, ...), then the warps are merged, and
 // each warp writes (and quantizes) 32-dimension runs of the result.
-constexpr int kWarps = 4, kMaxDims = 8;  // head sizes up to 256
+constexpr int kWarps = 16, kMaxDims = 8;  // head sizes up to 256
 
 struct Attention {
     using Args = AttentionArgs;
@@ -217,7 +222,8 @@ Launch embed(TensorType type, const EmbedArgs& a) {
 
 Launch rms_norm(const NormArgs& a) {
     if (a.q && a.n % 32 != 0) throw std::invalid_argument("quantized RMSNorm rows must be a multiple of 32 wide");
-    return make_launch<RmsNorm>(dim3(static_cast<unsigned>(a.rows)), dim3(256), a);
+    const unsigned threads = static_cast<unsigned>(std::min<int64_t>(1024, std::max<int64_t>(32, (a.n / 4 + 31) / 32 * 32)));
+    return make_launch<RmsNorm>(dim3(static_cast<unsigned>(a.rows)), dim3(threads), a);
 }
 
 Launch rope_kv(const RopeKvArgs& a) {

@@ -172,7 +172,7 @@ public:
         }
         arena_ = device_alloc<float>(total);
         sample_scratch_ = device_alloc<double>(static_cast<size_t>(c_.n_vocab));
-        qbuf_ = device_alloc<uint8_t>(static_cast<size_t>(plan_.max_tokens * (widest_ / 32)) * qblock_bytes());
+        qbuf_ = device_alloc<uint8_t>(static_cast<size_t>(plan_.max_tokens * (widest_ / 32)) * qblock_bytes() + 256);  // GEMV reads whole 16 bytes
         block_ = device_alloc<uint8_t>(step_block_bytes(plan_.max_tokens));
         host_block_ = pinned_alloc<StepBlock>(step_block_bytes(plan_.max_tokens));
         // RoPE inverse frequencies exactly as the CPU backend computes them (float32 pow), per
