@@ -15,7 +15,7 @@ Two threaded HTTP servers on 127.0.0.1: the hub (point ``HF_ENDPOINT`` at ``hub.
 
 Faults for the tests, per file path, each for a number of GETs: ``drop`` (send half the body,
 then cut the connection), ``truncate`` (a short body with an honest Content-Length), ``corrupt``
-(one byte flipped). Every request is logged.
+(one byte flipped); and ``down``, the hub answering 503. Every request is logged.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ class FakeHub:
         self.repos: dict[str, Repo] = {}
         self.requests: list[Request] = []
         self.faults: dict[str, list[str]] = {}   # file path -> faults still to apply, in order
+        self.down = False                        # the hub answers 503 to everything
         self._lock = threading.Lock()
         self._hub = _Server(self, "hub")
         self._cdn = _Server(self, "cdn")
@@ -100,6 +101,7 @@ class FakeHub:
         with self._lock:
             self.requests.clear()
             self.faults.clear()
+            self.down = False
 
     def gets(self, path_end: str = "") -> list[Request]:
         """The GETs of file bytes (not API calls) whose path ends with ``path_end``."""
@@ -162,6 +164,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = unquote(url.path)
         self.hub.log(Request(self.role, "HEAD" if head else "GET", path, self.headers.get("Range"),
                              self.headers.get("Authorization")))
+        if self.role == "hub" and self.hub.down:
+            return self._error(503, None)
         if self.role == "cdn":
             found = self.hub.blob(path.rsplit("/", 1)[-1]) if path.startswith("/cdn/") else None
             if found is None:

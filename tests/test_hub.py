@@ -234,6 +234,12 @@ def test_resume_after_interrupted_run(caches, server, files):
     assert sha256(pathlib.Path(model.path)) == hashlib.sha256(data).hexdigest()
     assert hub.partial_downloads() == []
 
+    partial = caches / "models--acme--split-GGUF" / "blobs" / ("ab" * 32 + ".incomplete")  # a first download cut short
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(b"x" * 1000)
+    assert hub.partial_downloads() == [("acme/split-GGUF", 1000)]
+    assert hub.remove(hub.HubName("acme/split-GGUF")) == 1000 and not partial.parent.exists()
+
 
 def test_damaged_partial_download_is_fetched_again(caches, server, files):
     """Resumed bytes that do not hash to the published sha256 are thrown away, not loaded."""
@@ -319,6 +325,10 @@ def test_offline_mode(caches, server, files, monkeypatch):
 
 def test_unreachable_hub_falls_back_to_the_cache(caches, server, monkeypatch):
     cached = load("acme/tiny-GGUF:Q8_0").path
+    server.down = True  # 503
+    assert load("acme/tiny-GGUF:Q8_0").path == cached
+    with pytest.raises(ModelFetchError, match=r"not in the hub cache .*answered 503"):
+        load("acme/split-GGUF")
     monkeypatch.setattr(hf_constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     assert load("acme/tiny-GGUF:Q8_0").path == cached
     with pytest.raises(ModelFetchError, match=r"not in the hub cache .*http://127\.0\.0\.1:9 cannot be reached"):

@@ -316,6 +316,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
+    except BrokenPipeError:  # the reader (e.g. `| head`) stopped reading: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (GGUFError, OSError, ValueError, ModelFetchError) as e:
         print(f"edgerunner: error: {e}", file=sys.stderr)
         return 1

@@ -38,6 +38,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -60,6 +61,7 @@ _QUANT = re.compile(r"(?<![A-Za-z0-9])((?:UD-)?(?:I?Q\d(?:_[A-Z0-9]+)*|TQ\d_\d|B
                     re.IGNORECASE)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _GIT_OID = re.compile(r"[0-9a-f]{40}")
+_ETAG = re.compile(r"[A-Za-z0-9_-]{1,128}")  # a blob's file name: no dots, no slashes
 _CHUNK = 1 << 20
 
 
@@ -442,12 +444,11 @@ def _fetch_file(repo_id: str, commit: str, file: RepoFile, progress: Callable[[i
             return pointer
         pointer.resolve().unlink(missing_ok=True)
         message = f"the cached {label} has {problem}: downloading it again"
-    progress(0, message)
     url = f"{_endpoint()}/{repo_id}/resolve/{commit}/{quote(file.path)}"
     meta = hf.get_hf_file_metadata(url)
-    if not meta.etag:
-        raise ModelFetchError(f"{label}: the hub's answer has no ETag, so the file cannot be cached; "
-                              "check that HF_ENDPOINT points to a Hugging Face hub")
+    if not (meta.etag and _ETAG.fullmatch(meta.etag)):
+        raise ModelFetchError(f"{label}: the hub's answer has no usable ETag ({meta.etag!r}), so the file cannot be "
+                              "cached; check that HF_ENDPOINT points to a Hugging Face hub")
     expected = _expected(file, meta.etag, meta.size)
     blob = repo / "blobs" / meta.etag
     blob.parent.mkdir(parents=True, exist_ok=True)
@@ -459,18 +460,30 @@ def _fetch_file(repo_id: str, commit: str, file: RepoFile, progress: Callable[[i
     with hf.utils.WeakFileLock(lock):  # the lock huggingface_hub takes for the same blob
         if blob.exists() and _check_cached(blob, expected) is not None:
             blob.unlink()
-        if not blob.exists():
+        if blob.exists():
+            message = f"{label} is in the cache"
+        else:
+            progress(0, message)
             _download(meta.location, headers, blob, expected, label, lambda size: progress(size, message))
         _link(blob, pointer)
-    progress(blob.stat().st_size, f"{label} is in the cache")
+    progress(blob.stat().st_size, message)
     return pointer
 
 
 # ---- resolution ----------------------------------------------------------------------------
 
+def _safe_path(path: str) -> bool:
+    """A repo path that stays inside its snapshot folder."""
+    return bool(path) and not path.startswith("/") and ".." not in path.split("/")
+
+
 def _remote_listing(repo_id: str, revision: str) -> tuple[str, list[RepoFile]]:
     info = _hf().HfApi(endpoint=_endpoint()).model_info(repo_id, revision=revision, files_metadata=True)
-    files = [RepoFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None, s.blob_id) for s in info.siblings or ()]
+    if not (info.sha and _GIT_OID.fullmatch(info.sha)):
+        raise ModelFetchError(f"{repo_id}: the hub's listing names no commit ({info.sha!r}); check that HF_ENDPOINT "
+                              "points to a Hugging Face hub")
+    files = [RepoFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None, s.blob_id)
+             for s in info.siblings or () if _safe_path(s.rfilename)]
     return info.sha, files
 
 
@@ -559,12 +572,14 @@ def fetch(name: HubName, *, revision: str | None = None, report: Report | None =
     try:
         commit, files = _remote_listing(name.repo_id, revision)
     except hf.errors.HfHubHTTPError as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if status is not None and (status >= 500 or status == 429):  # the hub is down or busy: try the cache
+            return _offline(name, revision, f"{_endpoint()} answered {status}", report)
         raise _hub_error(exc, name, revision) from exc
     except httpx2.TransportError as exc:
         return _offline(name, revision, f"{_endpoint()} cannot be reached ({type(exc).__name__}: {exc})", report)
     model = choose(gguf_models(files), name, f"{name.repo_id} (revision {revision})")
     total = model.size
-    label = str(name) if name.filename or name.tag else f"{name.repo_id} ({model.path})"
     done = 0
     try:
         for file in model.files:
@@ -576,7 +591,6 @@ def fetch(name: HubName, *, revision: str | None = None, report: Report | None =
         raise ModelFetchError(f"{name}: the download was interrupted ({type(exc).__name__}: {exc}); run it again "
                               "to resume where it stopped") from exc
     _write_ref(_repo_folder(name.repo_id), revision, commit)
-    report(total or done, total or done, f"{label}: ready in the cache")
     return _repo_folder(name.repo_id) / "snapshots" / commit / model.path
 
 
@@ -637,10 +651,16 @@ def remove(name: HubName) -> int:
     info = _scan()
     repo = next((r for r in (info.repos if info else ()) if r.repo_id == name.repo_id and r.repo_type == "model"),
                 None)
+    folder = _repo_folder(name.repo_id)
+    if repo is None and folder.is_dir() and not (name.tag or name.filename):
+        # Only a partial first download (no snapshot yet), which the cache scan does not count.
+        freed = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
+        shutil.rmtree(folder)
+        return freed
     if repo is None:
         raise ModelNotFoundError(f"{name.repo_id} is not in the hub cache {cache_dir()}; `edgerunner list` shows "
                                  "what is")
-    partials = [f for f in info.incomplete_files if _repo_folder(name.repo_id) in f.file_path.parents]
+    partials = [f for f in info.incomplete_files if folder in f.file_path.parents]
     if not (name.tag or name.filename):
         strategy = info.delete_revisions(*(r.commit_hash for r in repo.revisions))
     else:
@@ -653,7 +673,8 @@ def remove(name: HubName) -> int:
             chosen.extend(infos)
         if not chosen:
             cached = _choices([model for _, model, _ in _cached_gguf(repo)], name.repo_id)
-            raise ModelNotFoundError(f"{name} is not in the hub cache" + _listing(cached), tuple(cached))
+            raise ModelNotFoundError(f"{name} is not in the hub cache; cached from {name.repo_id}: "
+                                     + (", ".join(cached) or "no GGUF model"), tuple(cached))
         strategy = info.delete_files(*chosen)
         partials = []
     strategy.execute()
