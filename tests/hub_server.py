@@ -15,7 +15,8 @@ Two threaded HTTP servers on 127.0.0.1: the hub (point ``HF_ENDPOINT`` at ``hub.
 
 Faults for the tests, per file path, each for a number of GETs: ``drop`` (send half the body,
 then cut the connection), ``truncate`` (a short body with an honest Content-Length), ``corrupt``
-(one byte flipped); and ``down``, the hub answering 503. Every request is logged.
+(one byte flipped), ``stall`` (send half the body, then wait for ``release`` to be set);
+and ``down``, the hub answering 503. Every request is logged.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class FakeHub:
         self.requests: list[Request] = []
         self.faults: dict[str, list[str]] = {}   # file path -> faults still to apply, in order
         self.down = False                        # the hub answers 503 to everything
+        self.release = threading.Event()         # lets a stalled transfer go on
         self._lock = threading.Lock()
         self._hub = _Server(self, "hub")
         self._cdn = _Server(self, "cdn")
@@ -102,6 +104,8 @@ class FakeHub:
             self.requests.clear()
             self.faults.clear()
             self.down = False
+            self.release.set()
+            self.release = threading.Event()
 
     def gets(self, path_end: str = "") -> list[Request]:
         """The GETs of file bytes (not API calls) whose path ends with ``path_end``."""
@@ -262,7 +266,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
             self.close_connection = True
             return
-        self.wfile.write(body)
+        if fault == "stall":  # half the body, then nothing until released
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.hub.release.wait(60)
+            body = body[len(body) // 2:]
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # the client went away
+            pass
 
     def _error(self, status: int, code: str | None, headers: dict[str, str] | None = None) -> None:
         body = json.dumps({"error": code or "not found"}).encode()

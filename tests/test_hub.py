@@ -8,8 +8,10 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -452,6 +454,37 @@ def test_cli_pull_list_rm(server, tmp_path):
     assert empty.stdout == "" and "no models cached yet" in empty.stderr
     again = run_cli("rm", "acme/tiny-GGUF", env=env)
     assert again.returncode == 1 and "not in the hub cache" in again.stderr
+
+
+def test_cli_interrupted_pull_resumes(server, tmp_path, files):
+    """Ctrl-C during `edgerunner pull` keeps the partial download; the next pull continues it."""
+    # 21 MB: the half sent before the stall holds one whole 10 MiB write of huggingface_hub's http_get
+    big = write_random_model(tmp_path / "big.gguf", seed=7, dim=512, ffn_dim=1024, n_heads=8, n_kv_heads=8)
+    server.add("acme/big-GGUF", Repo({"big-Q8_0.gguf": big.read_bytes()}))
+    server.reset()
+    server.fault("big-Q8_0.gguf", "stall")  # half the bytes, then the transfer hangs
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    env.update(HF_ENDPOINT=server.url, HF_HOME=str(tmp_path / "hf"), EDGERUNNER_CACHE=str(tmp_path / "er"))
+    proc = subprocess.Popen([sys.executable, "-m", "edgerunner", "pull", "acme/big-GGUF"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    blobs = tmp_path / "hf" / "hub" / "models--acme--big-GGUF" / "blobs"
+    deadline = time.monotonic() + 60
+    while not any(p.stat().st_size for p in blobs.glob("*.incomplete")):  # the first 10 MiB are on disk
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "timeout"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    server.release.set()
+    assert proc.returncode == 130 and "Traceback" not in err
+    assert "interrupted; a partial download is kept and the same command resumes it" in err
+    (partial,) = blobs.glob("*.incomplete")
+    kept = partial.stat().st_size
+    assert 0 < kept < big.stat().st_size
+
+    again = run_cli("pull", "acme/big-GGUF", env=env)
+    assert again.returncode == 0, again.stderr
+    assert server.gets()[-1].range == f"bytes={kept}-"
+    assert sha256(pathlib.Path(again.stdout.split("\t")[2].strip())) == sha256(big)
 
 
 def test_progress_display(capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import sys
 from typing import Any, Sequence
 
@@ -92,7 +93,7 @@ class LoadProgress:
             self.bar = None
 
 
-def _fetch(source: str | None, revision: str | None = None):
+def _fetch(source: str | None, revision: str | None = None) -> pathlib.Path:
     """A model source as a local file, downloads shown as ``pull`` shows them."""
     from edgerunner import sources
 
@@ -154,16 +155,11 @@ def _load(args: argparse.Namespace, source: str | None):
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    path = _fetch(args.model, args.revision)
-    size = sum(os.path.getsize(p) for p in _shard_paths(str(path)))
-    print(f"{args.model}\t{_human_bytes(size)}\t{path}")
-    return 0
-
-
-def _shard_paths(path: str) -> list[str]:
     from edgerunner import gguf
 
-    return [p for p, _ in gguf.open(path).shards]
+    path = _fetch(args.model, args.revision)
+    print(f"{args.model}\t{_human_bytes(gguf.open(path).file_size)}\t{path}")  # every shard counted
+    return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
