@@ -16,34 +16,26 @@ same choice is made among the files of the cached snapshot.
 
 Files land in the hub cache's own layout (``blobs/<etag>``, ``snapshots/<commit>/<file>`` linking
 to the blob, ``refs/<revision>``), so ``huggingface_hub`` and its tools see them. edgerunner moves
-the bytes itself, with huggingface_hub's ``http_get``, rather than through ``hf_hub_download``,
-because huggingface_hub 2.x downloads into a process-unique temporary file that it deletes on any
-failure (an interrupted download starts over) and checks only the size. Here:
-
-- the partial download stays as ``blobs/<etag>.incomplete`` (the name huggingface_hub's cache
-  scan reports) and is continued with an HTTP Range request, by a retry after a dropped
-  connection and by the next run after an interruption;
-- the hash the hub publishes (the LFS sha256, which is also the ETag; the git blob id for small
-  files) is computed as the bytes arrive; a file with the wrong size or hash is deleted and
-  fetched once more, and is never returned;
-- a cached file is trusted while its size and mtime match the record written when it was
-  verified (``<edgerunner cache>/verified/``); otherwise it is hashed again, and deleted and
-  re-fetched if it no longer matches.
+the bytes itself (:mod:`edgerunner.download`, with huggingface_hub's ``http_get``) rather than
+through ``hf_hub_download``, because huggingface_hub 2.x downloads into a process-unique temporary
+file that it deletes on any failure (an interrupted download starts over) and checks only the
+size. Here the partial download stays as ``blobs/<etag>.incomplete`` (the name huggingface_hub's
+cache scan reports) and is resumed with a Range request, and the sha256 the hub publishes is
+checked before a file is ever returned; a damaged download or cached file is fetched again.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import pathlib
 import re
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 from urllib.parse import quote, urlsplit
 
+from edgerunner.download import Expected, check_cached, download
 from edgerunner.errors import IntegrityError, ModelFetchError, ModelNotFoundError
 
 __all__ = ["HubName", "RepoFile", "GGUFModel", "CachedModel", "quant_tag", "gguf_models", "choose", "fetch",
@@ -62,7 +54,6 @@ _QUANT = re.compile(r"(?<![A-Za-z0-9])((?:UD-)?(?:I?Q\d(?:_[A-Z0-9]+)*|TQ\d_\d|B
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _GIT_OID = re.compile(r"[0-9a-f]{40}")
 _ETAG = re.compile(r"[A-Za-z0-9_-]{1,128}")  # a blob's file name: no dots, no slashes
-_CHUNK = 1 << 20
 
 
 # ---- names and listings ------------------------------------------------------------------
@@ -217,193 +208,14 @@ def _repo_folder(repo_id: str) -> pathlib.Path:
     return cache_dir() / ("models--" + repo_id.replace("/", "--"))
 
 
-def _records_dir() -> pathlib.Path:
-    from edgerunner.builtin_models import cache_dir as edgerunner_cache
+# ---- one file into the cache ---------------------------------------------------------------
 
-    return edgerunner_cache() / "verified"
-
-
-# ---- integrity -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Expected:
-    """What a file's bytes must be: its size, and its sha256 or git blob id where published."""
-
-    size: int | None
-    sha256: str | None = None
-    git_oid: str | None = None
-
-    @property
-    def digest_name(self) -> str | None:
-        return "sha256" if self.sha256 else "git blob id" if self.git_oid and self.size is not None else None
-
-    @property
-    def digest_value(self) -> str | None:
-        return self.sha256 or (self.git_oid if self.digest_name else None)
-
-    def new_digest(self) -> Any:
-        if self.sha256:
-            return hashlib.sha256()
-        if self.digest_name:  # git hashes "blob <size>\0" + content
-            digest = hashlib.sha1()
-            digest.update(b"blob %d\0" % self.size)
-            return digest
-        return None
-
-    def problem(self, size: int, digest: Any) -> str | None:
-        """Why bytes of this size and digest are not the file, or None when they are."""
-        if self.size is not None and size != self.size:
-            return f"{size} bytes where the hub lists {self.size}"
-        if digest is not None and digest.hexdigest() != self.digest_value:
-            return f"{self.digest_name} {digest.hexdigest()} where the hub lists {self.digest_value}"
-        return None
-
-
-def _expected(file: RepoFile, etag: str | None = None, size: int | None = None) -> _Expected:
+def _expected(file: RepoFile, etag: str | None = None, size: int | None = None) -> Expected:
+    """What the bytes of ``file`` must be: the listing's sha256 (or the ETag, which is the sha256 of
+    an LFS file and the git blob id of another) and size."""
     sha256 = file.sha256 or (etag if etag and _SHA256.fullmatch(etag) else None)
     oid = file.blob_id or (etag if etag and _GIT_OID.fullmatch(etag) else None)
-    return _Expected(size if size is not None else file.size, sha256, None if sha256 else oid)
-
-
-def _hash_file(path: pathlib.Path, expected: _Expected) -> Any:
-    digest = expected.new_digest()
-    if digest is not None:
-        with path.open("rb") as f:
-            while block := f.read(_CHUNK):
-                digest.update(block)
-    return digest
-
-
-def _record_path(blob: pathlib.Path) -> pathlib.Path:
-    return _records_dir() / (hashlib.sha256(str(blob.resolve()).encode()).hexdigest()[:32] + ".json")
-
-
-def _record(blob: pathlib.Path, expected: _Expected) -> dict[str, Any]:
-    st = blob.stat()
-    return {"path": str(blob.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "digest": expected.digest_value}
-
-
-def _remember_verified(blob: pathlib.Path, expected: _Expected) -> None:
-    """Record that ``blob`` was hashed and matched (best effort: without the record it is hashed again)."""
-    path = _record_path(blob)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(_record(blob, expected)))
-        os.replace(tmp, path)
-    except OSError:
-        pass
-
-
-def _check_cached(blob: pathlib.Path, expected: _Expected) -> str | None:
-    """None when the cached ``blob`` holds the expected bytes, else what is wrong with it."""
-    size = blob.stat().st_size
-    if expected.size is not None and size != expected.size:
-        return f"{size} bytes where the hub lists {expected.size}"
-    if expected.digest_name is None:
-        return None
-    try:
-        if json.loads(_record_path(blob).read_text()) == _record(blob, expected):
-            return None
-    except (OSError, ValueError):
-        pass
-    problem = expected.problem(size, _hash_file(blob, expected))
-    if problem is None:
-        _remember_verified(blob, expected)
-    return problem
-
-
-# ---- transfer ------------------------------------------------------------------------------
-
-class _HashingFile:
-    """The partial download as ``http_get`` writes it: appended, counted and hashed as the bytes
-    arrive. Bytes already there from an earlier attempt are hashed first; a seek or truncate
-    backwards (``http_get`` restarting because the server ignored the Range) re-hashes the kept
-    prefix."""
-
-    def __init__(self, path: pathlib.Path, expected: _Expected, on_size: Callable[[int], None]):
-        self._file: BinaryIO = path.open("r+b" if path.exists() else "w+b")
-        self._expected = expected
-        self._on_size = on_size
-        self.size = 0
-        self.digest: Any = None
-        self._rehash(self._file.seek(0, os.SEEK_END))
-
-    def _rehash(self, upto: int) -> None:
-        self._file.flush()
-        self.digest = self._expected.new_digest()
-        if self.digest is not None:
-            self._file.seek(0)
-            left = upto
-            while left and (block := self._file.read(min(_CHUNK, left))):
-                self.digest.update(block)
-                left -= len(block)
-        self._file.seek(upto)
-        self.size = upto
-        self._on_size(upto)
-
-    def write(self, data: bytes) -> int:
-        n = self._file.write(data)
-        if self.digest is not None:
-            self.digest.update(data)
-        self.size += len(data)
-        self._on_size(self.size)
-        return n
-
-    def tell(self) -> int:
-        return self._file.tell()
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        position = self._file.seek(offset, whence)
-        if position != self.size:
-            self._rehash(position)
-        return position
-
-    def truncate(self, size: int | None = None) -> int:
-        end = self._file.truncate(size)
-        if end < self.size:
-            self._rehash(end)
-        return end
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def _download(url: str, headers: dict[str, str], blob: pathlib.Path, expected: _Expected, label: str,
-              on_size: Callable[[int], None]) -> None:
-    """Fetch ``url`` into ``blob``: resume ``<blob>.incomplete``, verify, rename. A result with the
-    wrong size or hash is deleted and fetched once more from the start; a second failure raises
-    IntegrityError. Network failures raise with the partial file kept for the next attempt."""
-    _hf()
-    from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import silent_tqdm
-
-    partial = blob.with_name(blob.name + ".incomplete")
-    for attempt in (1, 2):
-        sink = _HashingFile(partial, expected, on_size)
-        try:
-            if expected.size is not None and sink.size > expected.size:
-                sink.truncate(0)
-            http_get(url, sink, resume_size=sink.size, headers=headers, expected_size=expected.size,
-                     tqdm_class=silent_tqdm)
-        except OSError as exc:
-            # http_get's own size check raises a bare OSError (no errno): judged below with the
-            # hash. Everything else (network, disk) propagates and keeps the partial file.
-            if exc.errno is not None or type(exc) is not OSError:
-                raise
-        finally:
-            sink.close()
-        problem = expected.problem(sink.size, sink.digest)
-        if problem is None:
-            os.chmod(partial, 0o644)
-            os.replace(partial, blob)
-            _remember_verified(blob, expected)
-            return
-        partial.unlink(missing_ok=True)
-        if attempt == 2:
-            raise IntegrityError(f"{label}: the download has {problem}, twice; it was deleted and not loaded. "
-                                 "The file on the hub may be changing or damaged: try again later")
+    return Expected(size if size is not None else file.size, sha256, None if sha256 else oid)
 
 
 def _link(blob: pathlib.Path, pointer: pathlib.Path) -> None:
@@ -438,7 +250,7 @@ def _fetch_file(repo_id: str, commit: str, file: RepoFile, progress: Callable[[i
     label = f"{repo_id}/{file.path}"
     message = f"downloading {label}"
     if pointer.exists():
-        problem = _check_cached(pointer, _expected(file, pointer.resolve().name))
+        problem = check_cached(pointer, _expected(file, pointer.resolve().name))
         if problem is None:
             progress(pointer.stat().st_size, f"{label} is in the cache")
             return pointer
@@ -458,13 +270,13 @@ def _fetch_file(repo_id: str, commit: str, file: RepoFile, progress: Callable[[i
     lock = cache_dir() / ".locks" / repo.name / f"{meta.etag}.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with hf.utils.WeakFileLock(lock):  # the lock huggingface_hub takes for the same blob
-        if blob.exists() and _check_cached(blob, expected) is not None:
+        if blob.exists() and check_cached(blob, expected) is not None:
             blob.unlink()
         if blob.exists():
             message = f"{label} is in the cache"
         else:
             progress(0, message)
-            _download(meta.location, headers, blob, expected, label, lambda size: progress(size, message))
+            download(meta.location, headers, blob, expected, label, lambda size: progress(size, message))
         _link(blob, pointer)
     progress(blob.stat().st_size, message)
     return pointer
@@ -520,7 +332,7 @@ def _offline(name: HubName, revision: str, why: str, report: Report) -> pathlib.
     repo = _repo_folder(name.repo_id)
     for file in model.files:
         pointer = repo / "snapshots" / commit / file.path
-        problem = _check_cached(pointer, _expected(file, pointer.resolve().name))
+        problem = check_cached(pointer, _expected(file, pointer.resolve().name))
         if problem is not None:
             blob = pointer.resolve()
             blob.unlink(missing_ok=True)

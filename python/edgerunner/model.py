@@ -104,7 +104,7 @@ class Model:
             path = str(sources.resolve(source, revision=revision, report=lambda done, total, message: events.emit(
                 Stage.DOWNLOADING, done, total, message)))
             file = gguf.open(path)
-            total = sum(size for _, size in file.shards)
+            total = file.file_size  # every shard
             name = os.path.basename(path)
             events.emit(Stage.LOADING, 0, total, f"building the engine for {name}")
             native = _core.Model.load(path, n_ctx=int(n_ctx or 0), kv_type=kv_type, precise=precise,
