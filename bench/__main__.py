@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from edgerunner import _core, builtin_models, gguf
+from edgerunner import _core, gguf, sources
 
 
 def weight_bytes_per_token(f: gguf.GGUFFile) -> int:
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
           + (f" peer pp{args.pp} | peer tg{args.tg} | pp ratio | tg ratio |" if args.peer else ""))
     print("| --- | --- | --- | --- | --- |" + (" --- | --- | --- | --- |" if args.peer else ""))
     for source in args.models:
-        path = str(builtin_models.resolve(source))
+        path = str(sources.resolve(source))
         f = gguf.open(path)
         per_token = weight_bytes_per_token(f)
         roofline = bandwidth * 1e9 / per_token

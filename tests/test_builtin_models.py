@@ -34,8 +34,10 @@ def test_bad_cached_file_is_not_trusted(tmp_path, monkeypatch):
 @pytest.mark.parametrize("alias", sorted(builtin_models.ALIASES))
 def test_fetch_real_model(alias):
     model = builtin_models.ALIASES[alias]
-    messages: list[str] = []
-    path = builtin_models.fetch(alias, progress=messages.append)
+    progress: list[tuple[int, int]] = []
+    path = builtin_models.fetch(alias, report=lambda done, total, message: progress.append((done, total)))
+    assert progress[-1] == (model.size, model.size)
+    assert [done for done, _ in progress] == sorted(done for done, _ in progress)
     assert path.name == model.file_name and path.stat().st_size == model.size
     digest = hashlib.sha256()
     with path.open("rb") as f:

@@ -119,6 +119,51 @@ def test_custom_alignment(tmp_path):
     assert all(t.offset % 64 == 0 for t in ours.tensors)
 
 
+def _write_split(folder, tensors_per_shard=2):
+    """Six tensors in shards as gguf-split writes them (metadata in the first shard only)."""
+    w = ggufpkg.GGUFWriter(folder / "m.gguf", "llama", split_max_tensors=tensors_per_shard)
+    w.add_string("general.name", "split")
+    arrays = {f"t{i}": np.full((8 + i,), i, dtype=np.float32) for i in range(6)}
+    for name, array in arrays.items():
+        w.add_tensor(name, array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return sorted(folder.glob("m-*.gguf")), arrays
+
+
+def test_split_model_opens_from_its_first_shard(tmp_path):
+    shards, arrays = _write_split(tmp_path)
+    assert [p.name for p in shards] == ["m-00001-of-00003.gguf", "m-00002-of-00003.gguf", "m-00003-of-00003.gguf"]
+    f = gguf.open(shards[0])
+    assert f.shards == [(str(p), p.stat().st_size) for p in shards]
+    assert f.file_size == sum(p.stat().st_size for p in shards) and f.summary()["shards"] == 3
+    assert [t.name for t in f.tensors] == list(arrays)
+    for name, array in arrays.items():  # each tensor's bytes from its own shard's mapping
+        assert np.array_equal(f.tensor_data(name).view(np.float32), array)
+    assert f.metadata["general.name"] == "split"
+
+
+def test_split_model_errors(tmp_path):
+    shards, _ = _write_split(tmp_path)
+    with pytest.raises(edgerunner.GGUFError, match="shard 2 of 3 of a split model; open the first shard, .*"
+                                                   "m-00001-of-00003.gguf"):
+        gguf.open(shards[1])
+    renamed = tmp_path / "renamed.gguf"
+    renamed.write_bytes(shards[0].read_bytes())
+    with pytest.raises(edgerunner.GGUFError, match="does not end in '-00001-of-00003.gguf'"):
+        gguf.open(renamed)
+    shards[2].rename(tmp_path / "elsewhere.gguf")
+    with pytest.raises(edgerunner.GGUFError, match=r"shard 3 of 3 \(.*m-00003-of-00003.gguf\) cannot be opened "
+                                                   r"\(No such file or directory\); a split model needs all"):
+        gguf.open(shards[0])
+    (tmp_path / "elsewhere.gguf").rename(shards[2])
+    shards[1].write_bytes(shards[0].read_bytes())  # shard 2 replaced by a copy of shard 1
+    with pytest.raises(edgerunner.GGUFError, match="m-00002-of-00003.gguf is not shard 2 of 3"):
+        gguf.open(shards[0])
+
+
 def test_version_2_is_read():
     data, _ = assemble([KV("general.architecture", STRING, string("llama"))], [f32_tensor("t", 4, 0)],
                        b"\0" * 16, version=2)

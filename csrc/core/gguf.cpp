@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <system_error>
 #include <unordered_set>
@@ -241,6 +242,12 @@ double GGUFValue::number_at(uint64_t k) const {
 }
 
 GGUFFile GGUFFile::open(const std::string& path) {
+    GGUFFile f = open_file(path);
+    f.join_split_shards();
+    return f;
+}
+
+GGUFFile GGUFFile::open_file(const std::string& path) {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot open " + path);
     struct stat st {};
@@ -271,6 +278,7 @@ GGUFFile GGUFFile::open(const std::string& path) {
     f.size_ = map->size;
     f.mapping_ = map;
     f.parse_all();
+    f.shards_ = {GGUFShard{f.name_, f.base_, f.size_, f.data_offset_}};
     return f;
 }
 
@@ -280,6 +288,7 @@ GGUFFile GGUFFile::parse(const uint8_t* data, size_t size, std::string name) {
     f.base_ = data;
     f.size_ = size;
     f.parse_all();
+    f.shards_ = {GGUFShard{f.name_, f.base_, f.size_, f.data_offset_}};
     return f;
 }
 
@@ -427,6 +436,13 @@ const GGUFKeyValue* find_kv(const std::vector<GGUFKeyValue>& md, std::string_vie
         if (kv.key == key) return &kv;
     return nullptr;
 }
+// gguf-split's file name ending for shard `no` (1-based) of `count`: "-00002-of-00003.gguf".
+std::string shard_suffix(uint64_t no, uint64_t count) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "-%05llu-of-%05llu.gguf", static_cast<unsigned long long>(no),
+                  static_cast<unsigned long long>(count));
+    return buf;
+}
 [[noreturn]] void wrong_type(const std::string& file, const GGUFKeyValue& kv, const char* wanted) {
     std::string field = "metadata '" + std::string(kv.key) + "'";
     throw GGUFError(file + ": " + field + " at offset " + std::to_string(kv.offset) + ": expected " + wanted + ", found " +
@@ -434,6 +450,58 @@ const GGUFKeyValue* find_kv(const std::vector<GGUFKeyValue>& md, std::string_vie
                     field, kv.offset);
 }
 }  // namespace
+
+void GGUFFile::join_split_shards() {
+    const GGUFKeyValue* count_kv = find_kv(metadata_, "split.count");
+    const uint64_t count = get_uint("split.count", 1);
+    if (count <= 1) return;
+    const uint64_t no = get_uint("split.no", 0);
+    const uint64_t at = count_kv->offset;
+    auto error = [&](const std::string& what) {
+        return GGUFError(name_ + ": metadata 'split.count' at offset " + std::to_string(at) + ": " + what, "split.count", at);
+    };
+    const std::string n = std::to_string(count);
+    if (count > 99999 || no >= count) throw error("shard " + std::to_string(no) + " of " + n + " is not a valid split");
+    const std::string own = shard_suffix(no + 1, count);
+    if (name_.size() < own.size() || name_.compare(name_.size() - own.size(), own.size(), own) != 0)
+        throw error("this file is shard " + std::to_string(no + 1) + " of " + n + " of a split model, but its name does not end in '" +
+                    own + "', so the other shards cannot be found; keep the names gguf-split gave the shards");
+    const std::string prefix = name_.substr(0, name_.size() - own.size());
+    if (no != 0)
+        throw error("this file is shard " + std::to_string(no + 1) + " of " + n + " of a split model; open the first shard, " +
+                    prefix + shard_suffix(1, count));
+
+    std::vector<std::shared_ptr<const void>> mappings{mapping_};
+    std::unordered_set<std::string_view> names;
+    for (const auto& t : tensors_) names.insert(t.name);
+    for (uint64_t i = 1; i < count; ++i) {
+        const std::string path = prefix + shard_suffix(i + 1, count);
+        GGUFFile shard;
+        try {
+            shard = open_file(path);
+        } catch (const std::system_error& e) {
+            throw error("shard " + std::to_string(i + 1) + " of " + n + " (" + path + ") cannot be opened (" + e.code().message() +
+                        "); a split model needs all of its shards in one folder");
+        }
+        if (shard.get_uint("split.no", count) != i || shard.get_uint("split.count", 0) != count)
+            throw error(path + " is not shard " + std::to_string(i + 1) + " of " + n + " (its split.no / split.count say otherwise)");
+        for (GGUFTensorInfo t : shard.tensors_) {
+            if (!names.insert(t.name).second)
+                throw error("tensor " + quoted(t.name) + " appears in more than one shard (again in " + path + ")");
+            t.shard = static_cast<uint32_t>(i);
+            tensors_.push_back(std::move(t));
+        }
+        shards_.push_back(shard.shards_[0]);
+        mappings.push_back(shard.mapping_);
+    }
+    if (find_kv(metadata_, "split.tensors.count")) {
+        const uint64_t expected = get_uint("split.tensors.count", 0);
+        if (expected != tensors_.size())
+            throw error("the shards hold " + std::to_string(tensors_.size()) + " tensors but split.tensors.count says " +
+                        std::to_string(expected));
+    }
+    mapping_ = std::make_shared<std::vector<std::shared_ptr<const void>>>(std::move(mappings));
+}
 
 uint64_t GGUFFile::get_uint(std::string_view key, uint64_t fallback) const {
     const GGUFKeyValue* kv = find_kv(metadata_, key);

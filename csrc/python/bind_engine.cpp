@@ -5,6 +5,11 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+
 #include "edgerunner/engine.h"
 
 namespace nb = nanobind;
@@ -35,6 +40,33 @@ nb::dict config_dict(const ModelConfig& c) {
     d["tied_output"] = c.tied_output;
     d["sliding_window"] = c.sliding_window;
     return d;
+}
+
+uint64_t mapped_bytes(const GGUFFile& f) {
+    uint64_t n = 0;
+    for (const auto& s : f.shards()) n += s.size;
+    return n;
+}
+
+// Pages in [begin, end) of the model's files laid end to end (shard after shard): readahead is
+// asked for, then one byte of every page is read, so the weights are resident and mapped before
+// the first token instead of faulting in during it.
+void touch_mapped(const GGUFFile& f, uint64_t begin, uint64_t end) {
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    uint64_t start = 0;
+    for (const auto& s : f.shards()) {
+        const uint64_t lo = std::max(begin, start), hi = std::min(end, start + s.size);
+        if (lo < hi) {
+            const uint8_t* p = s.base + (lo - start);
+            const uint64_t n = hi - lo;
+            const uintptr_t aligned = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+            madvise(reinterpret_cast<void*>(aligned), reinterpret_cast<uintptr_t>(p) + n - aligned, MADV_WILLNEED);
+            // Volatile reads: the compiler must perform every one.
+            for (uint64_t o = 0; o < n; o += page) (void)*static_cast<const volatile uint8_t*>(p + o);
+            (void)*static_cast<const volatile uint8_t*>(p + n - 1);
+        }
+        start += s.size;
+    }
 }
 
 }  // namespace
@@ -68,7 +100,14 @@ void bind_engine(nb::module_& m) {
         .def_prop_ro("config", [](const Model& mo) { return config_dict(mo.config()); })
         .def_prop_ro("n_ctx", &Model::n_ctx)
         .def_prop_ro("kv_type", [](const Model& mo) { return mo.options().precise ? std::string("f32") : mo.options().kv_type; })
-        .def_prop_ro("precise", [](const Model& mo) { return mo.options().precise; });
+        .def_prop_ro("precise", [](const Model& mo) { return mo.options().precise; })
+        .def_prop_ro("mapped_bytes", [](const Model& mo) { return mapped_bytes(mo.file()); },
+                     "Bytes of the mapped model files (all shards of a split model).")
+        .def("touch_weights", [](const Model& mo, uint64_t begin, uint64_t end) {
+            nb::gil_scoped_release release;
+            touch_mapped(mo.file(), begin, end);
+        }, nb::arg("begin"), nb::arg("end"),
+           "Page in bytes [begin, end) of the mapped files (shards end to end): load-time prewarm, in chunks.");
 
     nb::class_<Session>(m, "Session")
         .def(nb::init<std::shared_ptr<Model>>(), nb::arg("model"))

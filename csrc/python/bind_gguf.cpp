@@ -103,6 +103,11 @@ void bind_gguf(nb::module_& m) {
         .def_prop_ro("alignment", &GGUFFile::alignment)
         .def_prop_ro("data_offset", &GGUFFile::data_offset)
         .def_prop_ro("file_size", &GGUFFile::file_size)
+        .def_prop_ro("shards", [](const GGUFFile& f) {
+            nb::list out;
+            for (const auto& s : f.shards()) out.append(nb::make_tuple(s.path, s.size));
+            return out;
+        }, "(path, size) of every mapped file: one for an ordinary file, each shard of a split model.")
         .def("metadata", [](const GGUFFile& f) {
             nb::dict d;
             for (const auto& kv : f.metadata()) d[nb::str(kv.key.data(), kv.key.size())] = to_python(f, kv.value);

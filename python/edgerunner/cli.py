@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import sys
 from typing import Any, Sequence
 
-from edgerunner.errors import GGUFError
+from edgerunner.errors import GGUFError, ModelFetchError
+from edgerunner.events import EventSink, LoadEvent, Stage
 
 
 def _human_bytes(n: int) -> str:
@@ -27,7 +29,8 @@ def _human_count(n: int) -> str:
 
 
 def _print_summary(s: dict[str, Any], tensors: list | None) -> None:
-    print(f"file          {s['path']} ({_human_bytes(s['file_size'])}, GGUF v{s['gguf_version']})")
+    shards = f", {s['shards']} shards" if s["shards"] > 1 else ""
+    print(f"file          {s['path']} ({_human_bytes(s['file_size'])}{shards}, GGUF v{s['gguf_version']})")
     print(f"architecture  {s['architecture'] or '(not set)'}" + (f"  [{s['name']}]" if s["name"] else ""))
     print(f"parameters    {_human_count(s['parameters'])} in {s['tensor_count']} tensors "
           f"({_human_bytes(s['tensor_bytes'])})")
@@ -51,12 +54,62 @@ def _print_summary(s: dict[str, Any], tensors: list | None) -> None:
             print(f"  {t.name:<40}{t.type_name:<8}{shape:>20}  {_human_bytes(t.n_bytes):>10}")
 
 
+class LoadProgress:
+    """Shows load events on stderr. On a terminal (stdout and stderr both), a tqdm bar per stage
+    with bytes, rate and ETA; otherwise nothing but the download messages, one line each."""
+
+    def __init__(self, bars: bool | None = None):
+        self.bars = sys.stdout.isatty() and sys.stderr.isatty() if bars is None else bars
+        self.stage: Stage | None = None
+        self.message = ""
+        self.bar: Any = None
+
+    def __call__(self, event: LoadEvent) -> None:
+        if event.stage != self.stage:
+            self.close()
+            self.stage = event.stage
+            complete = event.total is not None and event.done >= event.total
+            if self.bars and event.stage in (Stage.DOWNLOADING, Stage.LOADING) and not complete:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=event.total, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+                                desc=event.stage.value, leave=event.stage is Stage.DOWNLOADING, dynamic_ncols=True)
+        if event.stage is Stage.DOWNLOADING and event.message != self.message:
+            self.message = event.message
+            if self.bar is not None:
+                self.bar.write(f"edgerunner: {event.message}", file=sys.stderr)
+            else:
+                _say(event.message)
+        if self.bar is not None:
+            if event.total is not None and self.bar.total != event.total:
+                self.bar.total = event.total
+            self.bar.update(event.done - self.bar.n)
+        if event.stage in (Stage.READY, Stage.FAILED):
+            self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _fetch(source: str | None, revision: str | None = None) -> pathlib.Path:
+    """A model source as a local file, downloads shown as ``pull`` shows them."""
+    from edgerunner import sources
+
+    progress = LoadProgress()
+    events = EventSink(progress)
+    try:
+        return sources.resolve(source, revision=revision,
+                               report=lambda done, total, message: events.emit(Stage.DOWNLOADING, done, total, message))
+    finally:
+        progress.close()
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from edgerunner import gguf
 
-    from edgerunner import builtin_models
-
-    f = gguf.open(builtin_models.resolve(args.model, progress=_say))
+    f = gguf.open(_fetch(args.model, args.revision))
     summary = f.summary()
     if args.json:
         if args.tensors:
@@ -87,13 +140,68 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--precise", action="store_true", help="float32 activations and KV cache (slower)")
     m.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"],
                    help="where to run (default auto: CUDA when this build has it and a GPU is present)")
+    m.add_argument("--revision", default=None, help="hub models: the branch, tag or commit (default main)")
 
 
 def _load(args: argparse.Namespace, source: str | None):
     from edgerunner import Model
 
-    return Model.load(source, n_ctx=args.n_ctx, threads=args.threads,
-                      kv_type=args.kv_type, precise=args.precise, backend=args.backend)
+    progress = LoadProgress()
+    try:
+        return Model.load(source, revision=args.revision, on_event=progress, n_ctx=args.n_ctx, threads=args.threads,
+                          kv_type=args.kv_type, precise=args.precise, backend=args.backend)
+    finally:
+        progress.close()
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from edgerunner import gguf
+
+    path = _fetch(args.model, args.revision)
+    print(f"{args.model}\t{_human_bytes(gguf.open(path).file_size)}\t{path}")  # every shard counted
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from edgerunner import builtin_models, hub
+
+    rows = []
+    for alias, model in sorted(builtin_models.ALIASES.items()):
+        path = builtin_models.cache_dir() / model.file_name
+        if path.is_file():
+            rows.append((alias, path.stat().st_size, "built-in", str(path)))
+    for model in hub.cached_models():
+        rows.append((model.name, model.size, f"hub {model.revision}", str(model.path)))
+    for repo_id, size in hub.partial_downloads():
+        rows.append((repo_id, size, "hub, partial download (edgerunner pull resumes it)", ""))
+    if args.json:
+        print(json.dumps([{"model": n, "size": b, "source": w, "path": p} for n, b, w, p in rows], indent=2))
+        return 0
+    if not rows:
+        _say(f"no models cached yet (built-in cache {builtin_models.cache_dir()}, hub cache {hub.cache_dir()}); "
+             "fetch one with: edgerunner pull MODEL")
+        return 0
+    width = max(len(r[0]) for r in rows) + 2
+    print(f"{'MODEL':<{width}}{'SIZE':>10}  SOURCE")
+    for name, size, where, _ in rows:
+        print(f"{name:<{width}}{_human_bytes(size):>10}  {where}")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from edgerunner import builtin_models, hub, sources
+
+    for model in args.models:
+        if model in builtin_models.ALIASES:
+            freed = builtin_models.remove(model)
+        else:
+            name = sources.hub_name(model)
+            if name is None:
+                raise ValueError(f"{model!r} is not a cached model name: rm takes a built-in name or a hub name "
+                                 "(org/repo, org/repo:TAG, org/repo/file.gguf); delete local files yourself")
+            freed = hub.remove(name)
+        print(f"removed {model} ({_human_bytes(freed)})")
+    return 0
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,7 +214,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SystemExit("edgerunner run: give at most a model and one prompt (quote the prompt)")
     source, prompt = (None, args.words[0]) if len(args.words) == 1 else args.words
     if source is None:
-        _say("using the built-in default model (smollm2-135m-instruct); name a .gguf to use another")
+        _say("using the built-in default model (smollm2-135m-instruct); name a .gguf or a hub model (org/repo:Q4_K_M) to use another")
     model = _load(args, source)
     if args.raw or model.chat_template is None:
         pieces = model.generate(prompt, stream=True, **_sampling(args))
@@ -153,24 +261,43 @@ def _say(message: str) -> None:
     print(f"edgerunner: {message}", file=sys.stderr)
 
 
+_MODEL_HELP = "a .gguf path, a built-in name, or a hub name: org/repo, org/repo:Q4_K_M, org/repo/file.gguf"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgerunner", description="Fast local LLM inference over GGUF models.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     info = sub.add_parser("info", help="describe a GGUF model: architecture, sizes, tensor types, tokenizer")
-    info.add_argument("model", help="path to a .gguf file, or a built-in model name")
+    info.add_argument("model", help=_MODEL_HELP)
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
     info.add_argument("--tensors", action="store_true", help="also list every tensor")
+    info.add_argument("--revision", default=None, help="hub models: the branch, tag or commit (default main)")
     info.set_defaults(func=cmd_info)
+
+    pull = sub.add_parser("pull", help="download a model into the cache (resumes an interrupted download)")
+    pull.add_argument("model", help=_MODEL_HELP)
+    pull.add_argument("--revision", default=None, help="hub models: the branch, tag or commit (default main)")
+    pull.set_defaults(func=cmd_pull)
+
+    ls = sub.add_parser("list", help="list the cached models with their sizes")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ls.set_defaults(func=cmd_list)
+
+    rm = sub.add_parser("rm", help="delete cached models",
+                        description="edgerunner rm MODEL...: org/repo deletes the whole cached repo, "
+                                    "org/repo:TAG or org/repo/file.gguf that model's files.")
+    rm.add_argument("models", nargs="+", metavar="MODEL", help="a built-in name or a hub name, as `list` shows it")
+    rm.set_defaults(func=cmd_rm)
 
     run = sub.add_parser("run", help="generate a reply to one prompt, streamed",
                          description="edgerunner run [MODEL] PROMPT: with no MODEL, the built-in default model.")
-    run.add_argument("words", nargs="+", metavar="[MODEL] PROMPT", help="a .gguf path or built-in name, then the prompt")
+    run.add_argument("words", nargs="+", metavar="[MODEL] PROMPT", help="a model (" + _MODEL_HELP + "), then the prompt")
     run.add_argument("--raw", action="store_true", help="continue the prompt as plain text (no chat template)")
     _add_generation_args(run)
     run.set_defaults(func=cmd_run)
 
     chat = sub.add_parser("chat", help="interactive chat that keeps the conversation")
-    chat.add_argument("model", nargs="?", default=None, help="a .gguf path or built-in name (default: the built-in default)")
+    chat.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + " (default: the built-in default)")
     chat.add_argument("--system", default=None, help="system message")
     _add_generation_args(chat)
     chat.set_defaults(func=cmd_chat)
@@ -183,14 +310,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from edgerunner.builtin_models import ModelFetchError
-
     try:
         return args.func(args)
+    except BrokenPipeError:  # the reader (e.g. `| head`) stopped reading: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (GGUFError, OSError, ValueError, ModelFetchError) as e:
         print(f"edgerunner: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        if args.func in (cmd_pull, cmd_run, cmd_chat, cmd_info):
+            _say("interrupted; a partial download is kept and the same command resumes it")
         return 130
 
 

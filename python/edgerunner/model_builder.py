@@ -32,7 +32,9 @@ import json
 import math
 import os
 import pathlib
+import shutil
 import sys
+import tempfile
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -537,6 +539,7 @@ def write_random_model(
     tensor_type: str | QType = "F32",
     seed: int = 0,
     *,
+    split_max_tensors: int = 0,
     progress: Callable[[str], None] | None = None,
     **overrides: Any,
 ) -> pathlib.Path:
@@ -545,15 +548,18 @@ def write_random_model(
     `arch`: one of ARCHITECTURES; `preset`: one of PRESETS (shapes of real models, or "tiny");
     `tensor_type`: a type name from TENSOR_TYPES (every matrix in it) or a mix from MIXES;
     `overrides`: any ModelConfig field, e.g. ``n_kv_heads=1, tied=False``.
-    The file is written under a temporary name and renamed when complete.
+    `split_max_tensors` > 0 writes a split model as llama.cpp's gguf-split does
+    (``<stem>-00001-of-0000N.gguf`` ..., at most that many tensors per shard) and returns the
+    first shard's path. Files are written in a temporary folder and moved in when complete.
     """
     config = model_config(arch, preset, **overrides)
     wanted = _parse_tensor_type(tensor_type)
     plan = tensor_plan(arch, config, wanted)
     target = pathlib.Path(path)
-    partial = target.with_name(target.name + ".partial")
+    work = pathlib.Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    partial = work / target.name
 
-    writer = gguf.GGUFWriter(partial, gguf.MODEL_ARCH_NAMES[ARCHITECTURES[arch]])
+    writer = gguf.GGUFWriter(partial, gguf.MODEL_ARCH_NAMES[ARCHITECTURES[arch]], split_max_tensors=split_max_tensors)
     _write_metadata(writer, arch, config, wanted)
     for spec in plan:
         if spec.qtype in (QType.F32, QType.F16):
@@ -571,12 +577,13 @@ def write_random_model(
                 progress(f"[{i + 1}/{len(plan)}] {spec.name} {spec.qtype.name} {list(spec.shape)}")
             writer.write_tensor_data(_tensor_data(spec, config, seed))
         writer.close()
-        os.replace(partial, target)
-    except BaseException:
+        written = sorted(work.iterdir())
+        for file in written:
+            os.replace(file, target.with_name(file.name))
+    finally:
         writer.close()
-        partial.unlink(missing_ok=True)
-        raise
-    return target
+        shutil.rmtree(work, ignore_errors=True)
+    return target.with_name(written[0].name)
 
 
 def truncate_model(src: str | os.PathLike[str], path: str | os.PathLike[str], n_layers: int) -> pathlib.Path:
@@ -637,6 +644,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--type", dest="tensor_type", default="F32",
                         help=f"one of {', '.join([t.name for t in TENSOR_TYPES] + list(MIXES))}")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--split-max-tensors", type=int, default=0, metavar="N",
+                        help="write a split model (<stem>-00001-of-0000K.gguf ...) with at most N tensors per shard")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a config field (JSON value), e.g. --set n_kv_heads=1 --set tied=false")
     parser.add_argument("--quiet", action="store_true")
@@ -659,7 +668,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     try:
         path = write_random_model(args.out, args.arch, args.preset, args.tensor_type, args.seed,
-                                  progress=progress, **overrides)
+                                  split_max_tensors=args.split_max_tensors, progress=progress, **overrides)
     except ValueError as exc:
         parser.error(str(exc))
     print(path)

@@ -2,6 +2,11 @@
 // length, offset and size against the file before anything is used. Strings and numeric
 // arrays are views into the mapping, so the vocabulary of a 128k-token model costs no copies.
 // Anything malformed raises GGUFError naming the field and its byte offset.
+//
+// Split models (llama.cpp's gguf-split: <name>-00001-of-0000N.gguf ... -0000N-of-0000N.gguf,
+// metadata split.no / split.count / split.tensors.count, hyperparameters in the first shard
+// only) open from their first shard: the other shards are mapped too and their tensors join
+// one list, each tensor's data staying in its own shard's mapping.
 #pragma once
 
 #include <cstddef>
@@ -66,13 +71,24 @@ struct GGUFTensorInfo {
     uint64_t offset;      // relative to the data section
     uint64_t n_elements;
     uint64_t n_bytes;
-    uint64_t info_offset;  // where this tensor's info record starts in the file
+    uint64_t info_offset;  // where this tensor's info record starts in its file
+    uint32_t shard = 0;    // the file of a split model that holds it (index into shards())
+};
+
+// One mapped file of a model: the whole model, or one shard of a split model.
+struct GGUFShard {
+    std::string path;
+    const uint8_t* base = nullptr;
+    uint64_t size = 0;
+    uint64_t data_offset = 0;  // where this file's data section starts
 };
 
 class GGUFFile {
 public:
-    // Maps `path` read-only and parses it. Throws GGUFError for malformed content and
-    // std::system_error when the file cannot be opened or mapped.
+    // Maps `path` read-only and parses it; the first shard of a split model brings in the
+    // others (named as gguf-split names them, in the same folder). Throws GGUFError for
+    // malformed content or an inconsistent or incomplete split, and std::system_error when a
+    // file cannot be opened or mapped.
     static GGUFFile open(const std::string& path);
     // Parses a caller-owned buffer, which must outlive the returned object (fuzzing, tests).
     static GGUFFile parse(const uint8_t* data, size_t size, std::string name = "<memory>");
@@ -81,7 +97,7 @@ public:
     uint32_t version() const { return version_; }
     uint64_t alignment() const { return alignment_; }
     uint64_t data_offset() const { return data_offset_; }
-    uint64_t file_size() const { return size_; }
+    uint64_t file_size() const { return size_; }  // of this (first) file; shards() has each file's
 
     const std::vector<GGUFKeyValue>& metadata() const { return metadata_; }
     const std::vector<GGUFTensorInfo>& tensors() const { return tensors_; }
@@ -94,15 +110,23 @@ public:
     double get_float(std::string_view key, double fallback) const;
     std::string_view get_string(std::string_view key, std::string_view fallback) const;
 
-    // The tensor's bytes inside the mapping (n_bytes long).
-    const uint8_t* tensor_data(const GGUFTensorInfo& t) const { return base_ + data_offset_ + t.offset; }
+    // Every mapped file, in split order: one entry for an ordinary file.
+    const std::vector<GGUFShard>& shards() const { return shards_; }
+
+    // The tensor's bytes inside its file's mapping (n_bytes long).
+    const uint8_t* tensor_data(const GGUFTensorInfo& t) const {
+        const GGUFShard& s = shards_[t.shard];
+        return s.base + s.data_offset + t.offset;
+    }
     const uint8_t* base() const { return base_; }
-    // Keeps the mapping alive for views handed out (e.g. numpy arrays over tensor data).
+    // Keeps the mappings alive for views handed out (e.g. numpy arrays over tensor data).
     std::shared_ptr<const void> mapping() const { return mapping_; }
 
 private:
     GGUFFile() = default;
+    static GGUFFile open_file(const std::string& path);
     void parse_all();
+    void join_split_shards();
 
     std::string name_;
     std::shared_ptr<const void> mapping_;
@@ -113,6 +137,7 @@ private:
     uint64_t data_offset_ = 0;
     std::vector<GGUFKeyValue> metadata_;
     std::vector<GGUFTensorInfo> tensors_;
+    std::vector<GGUFShard> shards_;
 };
 
 }  // namespace edgerunner
