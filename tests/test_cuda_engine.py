@@ -57,13 +57,39 @@ def test_cuda_refuses_what_it_cannot_run(tmp_path):
 
     path = tmp_path / "m.gguf"
     write_random_model(path, arch="llama", preset="tiny", seed=1)
-    with pytest.raises(ValueError, match="f32 is not available on the CUDA backend"):
-        _core.Session(_core.Model.load(str(path), backend="cuda", kv_type="f32"))
+    with pytest.raises(ValueError, match="a q8_0 KV cache needs head sizes that are multiples of 32"):
+        _core.Session(_core.Model.load(str(path), backend="cuda", kv_type="q8_0"))  # tiny: heads of 16
     with pytest.raises(ValueError, match="precise mode runs on the CPU backend only"):
         _core.Model.load(str(path), backend="cuda", precise=True)
     with pytest.raises(ValueError, match="unknown dispatch mode 'graphs'; choose eager, argument_buffers, recorded or auto"):
         _core.Model.load(str(path), backend="cuda", dispatch="graphs")
     assert _core.Model.load(str(path), precise=True).backend == "cpu"  # auto never picks CUDA for precise
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("window", [0, 8])
+def test_cuda_kv_cache_precisions_match_the_cpu_backend(tmp_path, kv_type, window):
+    """Every KV cache precision on the GPU (the CPU's slot layouts: f32, f16, q8_0 blocks of 32)
+    against the CPU backend with the same precision: a 40-token prompt (in chunks of 16, over
+    a ring cache of window + chunk slots when windowed), then 8 decode steps; logits within 3%
+    of the logit range (both take int8 activations; their quantization grouping differs)."""
+    from edgerunner.model_builder import write_random_model
+
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=12, n_heads=2, n_kv_heads=1,
+                       **(dict(window=window) if window else {}))
+    gpu = _core.Model.load(str(path), backend="cuda", kv_type=kv_type, prefill_chunk=16)
+    cpu = _core.Model.load(str(path), backend="cpu", kv_type=kv_type, prefill_chunk=16)
+    ids = prompt(np.random.default_rng(9), 40)
+    a, b = _core.Session(gpu), _core.Session(cpu)
+    want = b.eval_all(ids)
+    got = a.eval_all(ids)
+    assert np.abs(got - want).max() <= 0.03 * np.abs(want).max()
+    for _ in range(8):
+        tok = int(np.argmax(b.logits()))
+        a.append(tok)
+        b.append(tok)
+        assert np.abs(a.logits() - b.logits()).max() <= 0.03 * np.abs(b.logits()).max()
 
 
 DISPATCH = ("eager", "argument_buffers", "recorded")

@@ -21,8 +21,8 @@ namespace edgerunner::cuda {
 struct DeviceModel;
 std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans);
 
-// A session's KV cache in device memory, with the geometry of `layout` (each layer its own
-// capacity; fp16 only for now).
+// A session's KV cache in device memory, with the layout of `layout` (its precision, each
+// layer its own capacity).
 struct DeviceKv;
 std::shared_ptr<DeviceKv> make_kv(const KVCache& layout);
 

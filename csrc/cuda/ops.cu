@@ -6,6 +6,7 @@
 
 #include "check.cuh"
 #include "ops.cuh"
+#include "edgerunner/quant_blocks.h"
 #include "quant_quarter.cuh"
 
 namespace edgerunner::cuda {
@@ -16,6 +17,49 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
     return v;
 }
+
+// A KV slot in the cache's precision: value d of a slot, and a head's values stored into it
+// (a whole block of threads; q8_0 per 32 values by one warp: d = max|v| / 127, q = round(v / d),
+// as the CPU stores them).
+template <KvType K>
+struct Kv;
+
+template <>
+struct Kv<KvType::F16> {
+    static __device__ float load(const uint8_t* slot, int d) { return __half2float(reinterpret_cast<const __half*>(slot)[d]); }
+    static __device__ void store(uint8_t* slot, int64_t first, const float* x, int n) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) reinterpret_cast<__half*>(slot)[first + i] = __float2half_rn(x[i]);
+    }
+};
+
+template <>
+struct Kv<KvType::F32> {
+    static __device__ float load(const uint8_t* slot, int d) { return reinterpret_cast<const float*>(slot)[d]; }
+    static __device__ void store(uint8_t* slot, int64_t first, const float* x, int n) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) reinterpret_cast<float*>(slot)[first + i] = x[i];
+    }
+};
+
+template <>
+struct Kv<KvType::Q8_0> {  // heads of a multiple of 32 values (checked at prepare)
+    static __device__ float load(const uint8_t* slot, int d) {
+        const block_q8_0& b = reinterpret_cast<const block_q8_0*>(slot)[d / 32];
+        return h2f(b.d) * static_cast<float>(b.qs[d % 32]);
+    }
+    static __device__ void store(uint8_t* slot, int64_t first, const float* x, int n) {
+        const int lane = threadIdx.x % 32;
+        for (int g = threadIdx.x / 32; g < n / 32; g += blockDim.x / 32) {
+            const float v = x[32 * g + lane];
+            float amax = fabsf(v);
+#pragma unroll
+            for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+            const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+            block_q8_0& b = reinterpret_cast<block_q8_0*>(slot)[first / 32 + g];
+            b.qs[lane] = static_cast<int8_t>(roundf(v * id));
+            if (lane == 0) b.d = __float2half_rn(d);
+        }
+    }
+};
 
 template <TensorType T>
 struct Embed {
@@ -75,6 +119,7 @@ struct RmsNorm {
 
 // One block per (token, head) of Q, K and V (grid.y = n_head + 2·n_head_kv): Q and K heads are
 // rotated in place; K and V heads are then written to the cache.
+template <KvType K>
 struct RopeKv {
     using Args = RopeKvArgs;
     static __device__ void run(const Args& a) {
@@ -87,9 +132,7 @@ struct RopeKv {
         if (h >= a.n_head + a.n_head_kv) {  // a V head: into the cache as it is
             if (!a.v_cache) return;
             const int64_t off = static_cast<int64_t>(h - a.n_head - a.n_head_kv) * a.head_dim;
-            const float* v = a.v + t * kv_dim + off;
-            __half* dst = a.v_cache + (pos % a.capacity) * kv_dim + off;
-            for (int i = threadIdx.x; i < a.head_dim; i += blockDim.x) dst[i] = __float2half_rn(v[i]);
+            Kv<K>::store(a.v_cache + (pos % a.capacity) * a.slot_bytes, off, a.v + t * kv_dim + off, a.head_dim);
             return;
         }
         const bool is_q = h < a.n_head;
@@ -109,8 +152,7 @@ struct RopeKv {
         }
         if (is_q || !a.k_cache) return;
         __syncthreads();
-        __half* dst = a.k_cache + (pos % a.capacity) * kv_dim + static_cast<int64_t>(h - a.n_head) * a.head_dim;
-        for (int i = threadIdx.x; i < a.head_dim; i += blockDim.x) dst[i] = __float2half_rn(x[i]);
+        Kv<K>::store(a.k_cache + (pos % a.capacity) * a.slot_bytes, static_cast<int64_t>(h - a.n_head) * a.head_dim, x, a.head_dim);
     }
 };
 
@@ -119,6 +161,7 @@ struct RopeKv {
 // each warp writes (and quantizes) 32-dimension runs of the result.
 constexpr int kWarps = 16, kMaxDims = 8;  // head sizes up to 256
 
+template <KvType K>
 struct Attention {
     using Args = AttentionArgs;
     static __device__ void run(const Args& a) {
@@ -128,7 +171,6 @@ struct Attention {
         const int h = blockIdx.y;
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         const int hd = a.head_dim, group = a.n_head / a.n_head_kv;
-        const int64_t kv_dim = static_cast<int64_t>(a.n_head_kv) * hd;
         const int64_t pos = *a.pos0 + t;
         const int64_t start = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
         const float* q = a.q + (t * a.n_head + h) * hd;
@@ -145,22 +187,22 @@ struct Attention {
         float m = -FLT_MAX, l = 0.0f;
         for (int64_t p = start + warp; p <= pos; p += kWarps) {
             const int64_t slot = p % a.capacity;
-            const __half* kr = a.k_cache + slot * kv_dim + head_off;
+            const uint8_t* kr = a.k_cache + slot * a.slot_bytes;
             float s = 0.0f;
 #pragma unroll
             for (int i = 0; i < kMaxDims; ++i) {
                 const int d = lane + 32 * i;
-                if (d < hd) s += qr[i] * __half2float(kr[d]);
+                if (d < hd) s += qr[i] * Kv<K>::load(kr, static_cast<int>(head_off) + d);
             }
             s = warp_sum(s) * scale;
             const float m_new = fmaxf(m, s);
             const float corr = __expf(m - m_new), e = __expf(s - m_new);
             l = l * corr + e;
-            const __half* vr = a.v_cache + slot * kv_dim + head_off;
+            const uint8_t* vr = a.v_cache + slot * a.slot_bytes;
 #pragma unroll
             for (int i = 0; i < kMaxDims; ++i) {
                 const int d = lane + 32 * i;
-                if (d < hd) acc[i] = acc[i] * corr + e * __half2float(vr[d]);
+                if (d < hd) acc[i] = acc[i] * corr + e * Kv<K>::load(vr, static_cast<int>(head_off) + d);
             }
             m = m_new;
         }
@@ -226,15 +268,26 @@ Launch rms_norm(const NormArgs& a) {
     return make_launch<RmsNorm>(dim3(static_cast<unsigned>(a.rows)), dim3(threads), a);
 }
 
-Launch rope_kv(const RopeKvArgs& a) {
-    const int heads = a.n_head + (a.k_cache ? 2 : 1) * a.n_head_kv;
-    return make_launch<RopeKv>(dim3(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(heads)), dim3(64), a);
+Launch rope_kv(KvType kv, const RopeKvArgs& a) {
+    const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head + (a.k_cache ? 2 : 1) * a.n_head_kv)), block(64);
+    switch (kv) {
+        case KvType::F16: return make_launch<RopeKv<KvType::F16>>(grid, block, a);
+        case KvType::F32: return make_launch<RopeKv<KvType::F32>>(grid, block, a);
+        case KvType::Q8_0: return make_launch<RopeKv<KvType::Q8_0>>(grid, block, a);
+    }
+    throw std::logic_error("KV type");
 }
 
-Launch attention(const AttentionArgs& a) {
+Launch attention(KvType kv, const AttentionArgs& a) {
     if (a.head_dim > 32 * kMaxDims) throw std::invalid_argument("the CUDA attention kernel takes head sizes up to 256");
     if (a.q_out && a.head_dim % 32 != 0) throw std::invalid_argument("quantized attention output needs head sizes that are multiples of 32");
-    return make_launch<Attention>(dim3(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head)), dim3(32 * kWarps), a);
+    const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head)), block(32 * kWarps);
+    switch (kv) {
+        case KvType::F16: return make_launch<Attention<KvType::F16>>(grid, block, a);
+        case KvType::F32: return make_launch<Attention<KvType::F32>>(grid, block, a);
+        case KvType::Q8_0: return make_launch<Attention<KvType::Q8_0>>(grid, block, a);
+    }
+    throw std::logic_error("KV type");
 }
 
 Launch glu(const GluArgs& a) {

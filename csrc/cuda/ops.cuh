@@ -1,6 +1,7 @@
 // The CUDA backend's per-op kernels besides GEMV (gemv.cuh), each made into a Launch for the
-// step runner. One row per token, float32 activations; the KV cache is fp16, slot p of a layer
-// at (p % that layer's capacity). Per-step values (the first position, the tokens) are read from
+// step runner. One row per token, float32 activations; the KV cache holds one slot per position,
+// slot p of a layer at (p % that layer's capacity), each slot kv_dim values in the cache's
+// precision (f16, f32, or q8_0 blocks of 32: the CPU backend's layouts, core/kv_cache.h). Per-step values (the first position, the tokens) are read from
 // the device step block, so a recorded or table-driven step replays unchanged.
 #pragma once
 
@@ -9,6 +10,7 @@
 
 #include <cstdint>
 
+#include "../core/kv_cache.h"
 #include "edgerunner/tensor_type.h"
 #include "gemv.cuh"
 #include "launch.cuh"
@@ -48,33 +50,35 @@ struct RopeKvArgs {
     float* q;               // n_tokens × n_head × head_dim
     float* k;               // n_tokens × n_head_kv × head_dim
     const float* v;
-    __half* k_cache;        // capacity × n_head_kv × head_dim (this layer), or null
-    __half* v_cache;
+    uint8_t* k_cache;       // capacity slots (this layer), or null
+    uint8_t* v_cache;
     const float* inv_freq;  // rope_dim / 2
     int64_t n_tokens;
     const int64_t* pos0;    // device: the step block's first position
     int64_t capacity;
+    size_t slot_bytes;      // bytes of one slot's K (or V)
     float pos_scale;        // positions × this (linear scaling)
     float attn_factor;      // cos and sin × this (LongRoPE)
     int32_t n_head, n_head_kv, head_dim, rope_dim;
     bool neox;              // pairs (i, i + rope_dim/2); else adjacent pairs (2i, 2i + 1)
 };
-Launch rope_kv(const RopeKvArgs& a);
+Launch rope_kv(KvType kv, const RopeKvArgs& a);
 
 struct AttentionArgs {
     const float* q;           // n_tokens × n_head × head_dim
-    const __half* k_cache;    // capacity × n_head_kv × head_dim (this layer)
-    const __half* v_cache;
+    const uint8_t* k_cache;   // capacity slots (this layer)
+    const uint8_t* v_cache;
     float* out;               // n_tokens × n_head × head_dim
     QBlock* q_out;            // or null: out also quantized for the output projection
     int64_t q_stride;         // blocks between tokens of q_out
     int64_t n_tokens;
     const int64_t* pos0;      // device: the step block's first position
     int64_t capacity, window;  // window 0: full causal attention
+    size_t slot_bytes;
     int32_t n_head, n_head_kv, head_dim;
 };
 // Causal softmax(q kᵀ / √d) v with an online softmax: no score matrix is stored.
-Launch attention(const AttentionArgs& a);
+Launch attention(KvType kv, const AttentionArgs& a);
 
 // g = act(g) · u over n values (when gate and up could not be fused into one GEMV).
 struct GluArgs {

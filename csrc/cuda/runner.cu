@@ -105,27 +105,29 @@ std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans) {
     return m;
 }
 
-// fp16 K and V slots per layer, each layer with its own capacity (KVCache's geometry).
+// K and V slots per layer in the cache precision, each layer with its own capacity: KVCache's
+// layout, byte for byte, in device memory.
 struct DeviceKv {
-    int64_t kv_dim = 0;
+    KvType type = KvType::F16;
+    size_t slot_bytes = 0;          // one slot's K (or V)
     std::vector<int64_t> capacity;  // per layer
-    std::vector<size_t> offset;     // per layer, in halves: K slots, then V slots
-    DevicePtr<__half> memory;
-    __half* k(int64_t layer) const { return memory.get() + offset[static_cast<size_t>(layer)]; }
-    __half* v(int64_t layer) const { return k(layer) + capacity[static_cast<size_t>(layer)] * kv_dim; }
+    std::vector<size_t> offset;     // per layer: K slots, then V slots
+    DevicePtr<uint8_t> memory;
+    uint8_t* k(int64_t layer) const { return memory.get() + offset[static_cast<size_t>(layer)]; }
+    uint8_t* v(int64_t layer) const { return k(layer) + static_cast<size_t>(capacity[static_cast<size_t>(layer)]) * slot_bytes; }
 };
 
 std::shared_ptr<DeviceKv> make_kv(const KVCache& layout) {
-    if (layout.type != KvType::F16)
-        throw std::invalid_argument(std::string("KV cache type ") + kv_type_name(layout.type) +
-                                    " is not available on the CUDA backend yet; use f16 (the default)");
+    if (layout.type == KvType::Q8_0 && layout.head_dim % 32 != 0)
+        throw std::invalid_argument("a q8_0 KV cache needs head sizes that are multiples of 32; use f16");
     auto kv = std::make_shared<DeviceKv>();
-    kv->kv_dim = layout.kv_dim;
+    kv->type = layout.type;
+    kv->slot_bytes = layout.row_bytes;
     for (int64_t l = 0; l < layout.n_layer; ++l) {
         kv->capacity.push_back(layout.capacity_of(l));
-        kv->offset.push_back(layout.layer_offset[static_cast<size_t>(l)] / sizeof(__half));
+        kv->offset.push_back(layout.layer_offset[static_cast<size_t>(l)]);
     }
-    kv->memory = device_alloc<__half>(layout.bytes() / sizeof(__half));
+    kv->memory = device_alloc<uint8_t>(layout.bytes());
     ER_CUDA(cudaMemset(kv->memory.get(), 0, layout.bytes()));
     return kv;
 }
@@ -451,9 +453,9 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out) const {
             }
             case Step::RopeKv: {
                 const int64_t l = s.layer;
-                out->push_back(rope_kv(RopeKvArgs{row(Buf::Q, 0), row(Buf::K, 0), row(Buf::V, 0), kv_->k(l), kv_->v(l),
+                out->push_back(rope_kv(kv_->type, RopeKvArgs{row(Buf::Q, 0), row(Buf::K, 0), row(Buf::V, 0), kv_->k(l), kv_->v(l),
                                                   inv_freq_.get() + (s.local_rope ? c_.rope_dim / 2 : 0), n, &b->pos0,
-                                                  kv_->capacity[static_cast<size_t>(l)], c_.rope_linear_scale, c_.rope_attn_factor,
+                                                  kv_->capacity[static_cast<size_t>(l)], kv_->slot_bytes, c_.rope_linear_scale, c_.rope_attn_factor,
                                                   static_cast<int32_t>(c_.n_head), static_cast<int32_t>(c_.n_head_kv),
                                                   static_cast<int32_t>(c_.head_dim), static_cast<int32_t>(c_.rope_dim),
                                                   c_.rope_style == RopeStyle::Neox}));
@@ -461,8 +463,8 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out) const {
             }
             case Step::Attention: {
                 const int64_t l = op.layer;
-                out->push_back(attention(AttentionArgs{row(op.in, 0), kv_->k(l), kv_->v(l), row(op.out, 0), s.q_out ? qrow(0) : nullptr,
-                                                       widest_ / 32, n, &b->pos0, kv_->capacity[static_cast<size_t>(l)], op.window,
+                out->push_back(attention(kv_->type, AttentionArgs{row(op.in, 0), kv_->k(l), kv_->v(l), row(op.out, 0), s.q_out ? qrow(0) : nullptr,
+                                                       widest_ / 32, n, &b->pos0, kv_->capacity[static_cast<size_t>(l)], op.window, kv_->slot_bytes,
                                                        static_cast<int32_t>(c_.n_head), static_cast<int32_t>(c_.n_head_kv),
                                                        static_cast<int32_t>(c_.head_dim)}));
                 break;
