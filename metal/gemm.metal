@@ -11,24 +11,7 @@
 // GEMV or GEMM per step by its token count: the RMSNorm of the input (each token's Σx² is
 // gathered while its tile loads, the 1/rms applied to its output column), Q/K/V parts, gate+up
 // with the activation in the epilogue, bias and the residual add.
-#include "common.h"
-#include "quants.h"
-
-// Shared with gemv.metal (one definition each, so the two kernels store alike).
-inline uint part_of(constant er_matmul_args& a, thread uint& r) {
-    uint p = 0;
-    while (p + 1 < a.n_parts && r >= a.part[p].rows) r -= a.part[p++].rows;
-    return p;
-}
-
-inline void store_row(constant er_matmul_args& a, uint p, uint r, uint t, float v) {
-    if (kHasBias) v += a.part[p].bias[r];
-    device float* y = a.part[p].y + t * a.part[p].y_stride + r;
-    if (kAccumulate) *y += v;
-    else *y = v;
-}
-
-inline float glu(float g, float u) { return (kGlu == ER_GLU_GELU ? gelu_tanh(g) : silu(g)) * u; }
+#include "matmul.h"
 
 template <typename T, typename Tile, typename Column>
 inline void gemm(constant er_matmul_args& a, constant er_step_block& step, uint3 tgid, uint tid, uint sg,
@@ -59,17 +42,8 @@ inline void gemm(constant er_matmul_args& a, constant er_step_block& step, uint3
             dequant8(T(), wu, u, jk, v);
             for (uint i = 0; i < 8; ++i) ut[jr * B + 8 * jk + i] = row_ok ? v[i] : 0.0f;
         }
-        device const float4* xp = reinterpret_cast<device const float4*>(x + 32 * u + 8 * jk);
-        const float4 lo = xp[0], hi = xp[1];
-        v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
-        v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
-        for (uint i = 0; i < 8; ++i) {
-            if (kNormIn) {
-                ss += v[i] * v[i];
-                v[i] *= a.norm_w[32 * u + 8 * jk + i];
-            }
-            xt[jr * B + 8 * jk + i] = token_ok ? v[i] : 0.0f;
-        }
+        load_x8(a, x, u, jk, v, ss);
+        for (uint i = 0; i < 8; ++i) xt[jr * B + 8 * jk + i] = token_ok ? v[i] : 0.0f;
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // simdgroup sg: rows 8 sg.. of the tile × tokens 8 tb..; wt is rows × k, xt tokens × k
         // (loaded transposed: k × tokens)
