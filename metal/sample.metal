@@ -2,13 +2,15 @@
 // (csrc/core/sampler.cpp: greedy, temperature, top-k, top-p, min-p, the counter-based uniform,
 // the inverse-CDF draw over tokens ordered by logit, ties to the lower id), for parameters
 // without logit bias or penalties (those need the token history on the host). The token is
-// written to out[slot]: 4 bytes come back instead of the logits.
+// written to out[slot]: 4 bytes come back instead of the logits (-1 when no logit is finite).
 //
-// The method is csrc/cuda/sample.cu's, in one threadgroup of 1024 threads: no sort; every cut
-// of the contract is a threshold θ on the logit, because "the tokens with logit >= θ" is a
-// prefix of the contract's order. top-k, top-p and the draw each bisect the 2^32 order-
-// preserving keys of the floats for the θ where a count or a mass over {logit >= θ} crosses its
-// target (32 threadgroup reductions each).
+// csrc/cuda/sample.cu's method, in one threadgroup of 1024 threads: no sort. Give every token its
+// rank in the contract's order as a 64-bit number (logit key high, id reversed low: no two
+// tokens tie); "the candidates of rank >= θ" is then a prefix of the order, so top-k, top-p and
+// the draw are each a bisection for the θ where a count or a mass over that prefix crosses its
+// target. The bisection first halves the logit keys (32 threadgroup reductions) and goes on into
+// the ids only when several candidates share the crossing logit, so tied logits are resolved
+// exactly as the CPU walks them (CUDA's version gives the lowest id of a tie group).
 //
 // MSL has no double. The CPU weighs tokens in float64; here w = exp((l - l_max) / T) is a
 // float32 (relative error about |l - l_max| / T · 2^-24) and every sum of weights is carried as
@@ -60,6 +62,10 @@ inline uint order_key(float f) {
     return (b & 0x80000000u) != 0 ? ~b : b | 0x80000000u;
 }
 
+// The contract's order as one 64-bit rank per token: the logit's key high, the id reversed low,
+// so "larger rank" means "earlier in the order" and no two tokens tie.
+inline uint64_t rank_of(float l, uint i) { return uint64_t(order_key(l)) << 32 | uint64_t(0xFFFFFFFFu - i); }
+
 #define ER_SAMPLE_SIMDGROUPS (ER_THREADS_SAMPLE / ER_SIMD)
 
 template <typename Partials>
@@ -100,18 +106,87 @@ inline df64 threadgroup_mass(df64 v, Partials hi, Partials lo, uint sg, uint lan
     return total;
 }
 
-// Σ w over the tokens still candidates at threshold key th: logit key >= th and >= floor_key,
-// w > 0, and (with min-p) w >= min_p.
-template <typename Partials>
-inline df64 mass_at(constant er_sample_args& a, device const float* l, uint th, uint floor_key, bool use_min_p, float min_p,
-                    Partials hi, Partials lo, uint tid, uint sg, uint lane) {
-    df64 s = df_make(0.0f, 0.0f);
-    for (uint i = tid; i < a.n_vocab; i += ER_THREADS_SAMPLE) {
-        const uint k = order_key(l[i]);
-        const float w = a.weights[i];
-        if (k >= th && k >= floor_key && w > 0.0f && (!use_min_p || w >= min_p)) s = df_add(s, df_make(w, 0.0f));
+// The three cuts, each a search for the largest rank θ at which a count or mass over the
+// tokens of rank >= θ still meets its target.
+enum Cut : uint {
+    kTopK,  // count of all tokens >= top_k
+    kTopP,  // mass of the candidates (rank >= floor, w > 0) >= target
+    kDraw,  // mass of the candidates (also w >= min_p with min-p on) > target
+};
+
+struct SampleState {
+    uint n;
+    uint64_t floor;  // candidates have rank >= floor
+    bool use_min_p;
+    float min_p;
+    df64 target;
+    uint top_k;
+};
+
+inline bool candidate(device const float* w, uint i, uint64_t rank, thread const SampleState& st, uint cut) {
+    if (cut == kTopK) return true;
+    return rank >= st.floor && w[i] > 0.0f && (cut != kDraw || !st.use_min_p || w[i] >= st.min_p);
+}
+
+// Whether the cut's target is met by the candidates of rank >= th.
+template <typename Partials, typename Counts>
+inline bool meets(constant er_sample_args& a, device const float* l, uint64_t th, thread const SampleState& st, uint cut,
+                  Partials hi, Partials lo, Counts counts, uint tid, uint sg, uint lane) {
+    uint c = 0;
+    df64 m = df_make(0.0f, 0.0f);
+    for (uint i = tid; i < st.n; i += ER_THREADS_SAMPLE) {
+        const uint64_t r = rank_of(l[i], i);
+        if (r < th || !candidate(a.weights, i, r, st, cut)) continue;
+        if (cut == kTopK) ++c;
+        else m = df_add(m, df_make(a.weights[i], 0.0f));
     }
-    return threadgroup_mass(s, hi, lo, sg, lane);
+    if (cut == kTopK) return threadgroup_count(c, counts, sg, lane) >= st.top_k;
+    m = threadgroup_mass(m, hi, lo, sg, lane);
+    return cut == kDraw ? df_greater(m, st.target) : df_at_least(m, st.target);
+}
+
+// The largest rank meeting the cut (rank 0 always does): first the logit key (32 halvings),
+// then, only when several candidates share that logit, the id within it (log2 n halvings).
+template <typename Partials, typename Counts>
+inline uint64_t search(constant er_sample_args& a, device const float* l, thread const SampleState& st, uint cut,
+                       Partials hi, Partials lo, Counts counts, uint tid, uint sg, uint lane) {
+    uint klo = 0, khi = 0xFFFFFFFFu;
+    while (klo < khi) {
+        const uint mid = klo + uint((uint64_t(khi) - klo + 1) / 2);  // no wrap at 2^32
+        if (meets(a, l, uint64_t(mid) << 32, st, cut, hi, lo, counts, tid, sg, lane)) klo = mid;
+        else khi = mid - 1;
+    }
+    // The candidates with logit key klo: how many, and the first (lowest id).
+    uint c = 0, first = st.n;
+    for (uint i = tid; i < st.n; i += ER_THREADS_SAMPLE) {
+        const uint64_t r = rank_of(l[i], i);
+        if (uint(r >> 32) == klo && candidate(a.weights, i, r, st, cut)) {
+            ++c;
+            first = min(first, i);
+        }
+    }
+    c = threadgroup_count(c, counts, sg, lane);
+    first = threadgroup_min(first, counts, sg, lane);
+    if (c <= 1) return c == 1 ? rank_of(l[first], first) : uint64_t(klo) << 32;
+    uint64_t rlo = uint64_t(klo) << 32 | uint64_t(0xFFFFFFFFu - (st.n - 1)), rhi = uint64_t(klo) << 32 | 0xFFFFFFFFu;
+    while (rlo < rhi) {
+        const uint64_t mid = rlo + (rhi - rlo + 1) / 2;
+        if (meets(a, l, mid, st, cut, hi, lo, counts, tid, sg, lane)) rlo = mid;
+        else rhi = mid - 1;
+    }
+    return rlo;
+}
+
+// Σ w over the candidates (rank >= floor, w > 0, and w >= min_p when asked).
+template <typename Partials>
+inline df64 mass(constant er_sample_args& a, device const float* l, thread const SampleState& st, Partials hi, Partials lo,
+                 uint tid, uint sg, uint lane, bool with_min_p) {
+    df64 m = df_make(0.0f, 0.0f);
+    for (uint i = tid; i < st.n; i += ER_THREADS_SAMPLE) {
+        const float w = a.weights[i];
+        if (rank_of(l[i], i) >= st.floor && w > 0.0f && (!with_min_p || w >= st.min_p)) m = df_add(m, df_make(w, 0.0f));
+    }
+    return threadgroup_mass(m, hi, lo, sg, lane);
 }
 
 kernel void sample(constant er_sample_args& a [[buffer(ER_BUFFER_ARGS)]],
@@ -148,8 +223,8 @@ kernel void sample(constant er_sample_args& a [[buffer(ER_BUFFER_ARGS)]],
             arg = part_u[i];
         }
     const uint top = arg;
-    if (step.temperature <= 0.0f) {
-        if (tid == 0) a.out[step.slot] = int32_t(top);
+    if (top == n || step.temperature <= 0.0f) {  // no logit above -FLT_MAX (all -inf or NaN): -1
+        if (tid == 0) a.out[step.slot] = top < n ? int32_t(top) : -1;
         return;
     }
 
@@ -157,48 +232,24 @@ kernel void sample(constant er_sample_args& a [[buffer(ER_BUFFER_ARGS)]],
     // weights it wrote.
     for (uint i = tid; i < n; i += ER_THREADS_SAMPLE) a.weights[i] = precise::exp((l[i] - mx) / step.temperature);
 
-    // top-k: the k best are the tokens at or above the k-th largest logit.
-    uint floor_key = 0;
-    if (step.top_k > 0 && uint(step.top_k) < n) {
-        uint lo = 0, hi = 0xFFFFFFFFu;  // count(lo) >= k holds; find the last such key
-        while (lo < hi) {
-            const uint mid = lo + uint((uint64_t(hi) - lo + 1) / 2);
-            uint c = 0;
-            for (uint i = tid; i < n; i += ER_THREADS_SAMPLE) c += order_key(l[i]) >= mid ? 1u : 0u;
-            if (threadgroup_count(c, part_u, sg, lane) >= uint(step.top_k)) lo = mid;
-            else hi = mid - 1;
-        }
-        floor_key = lo;
-    }
+    SampleState st;
+    st.n = n;
+    st.floor = 0;
+    st.use_min_p = step.min_p > 0.0f;
+    st.min_p = step.min_p;
+    st.target = df_make(0.0f, 0.0f);
+    st.top_k = uint(max(step.top_k, 0));
+    // top-k: the k best are the tokens of rank >= the k-th largest rank.
+    if (step.top_k > 0 && uint(step.top_k) < n) st.floor = search(a, l, st, kTopK, part_hi, part_lo, part_u, tid, sg, lane);
     // top-p: the shortest prefix whose mass reaches top_p of the candidates' mass.
     if (step.top_p < 1.0f) {
-        const df64 target = df_scale(mass_at(a, l, 0, floor_key, false, 0.0f, part_hi, part_lo, tid, sg, lane), step.top_p);
-        uint lo = 0, hi = 0xFFFFFFFFu;
-        while (lo < hi) {
-            const uint mid = lo + uint((uint64_t(hi) - lo + 1) / 2);
-            if (df_at_least(mass_at(a, l, mid, floor_key, false, 0.0f, part_hi, part_lo, tid, sg, lane), target)) lo = mid;
-            else hi = mid - 1;
-        }
-        floor_key = max(floor_key, lo);
+        st.target = df_scale(mass(a, l, st, part_hi, part_lo, tid, sg, lane, false), step.top_p);
+        const uint64_t nucleus = search(a, l, st, kTopP, part_hi, part_lo, part_u, tid, sg, lane);
+        if (nucleus > st.floor) st.floor = nucleus;
     }
-    // min-p drops w < min_p; then the draw: the first candidate, in order, whose cumulative mass
-    // exceeds u · S, i.e. the largest θ whose mass over {l >= θ} still exceeds u · S.
-    const bool use_min_p = step.min_p > 0.0f;
-    const df64 total = mass_at(a, l, 0, floor_key, use_min_p, step.min_p, part_hi, part_lo, tid, sg, lane);
-    const df64 target = df_scale(total, sample_uniform(step.seed, step.sample_step));
-    uint lo = 0, hi = 0xFFFFFFFFu;
-    while (lo < hi) {
-        const uint mid = lo + uint((uint64_t(hi) - lo + 1) / 2);
-        if (df_greater(mass_at(a, l, mid, floor_key, use_min_p, step.min_p, part_hi, part_lo, tid, sg, lane), target)) lo = mid;
-        else hi = mid - 1;
-    }
-    // The drawn token has logit key lo: the lowest such id among the candidates.
-    uint best = n;
-    for (uint i = tid; i < n; i += ER_THREADS_SAMPLE) {
-        const uint k = order_key(l[i]);
-        const float w = a.weights[i];
-        if (k == lo && k >= floor_key && w > 0.0f && (!use_min_p || w >= step.min_p)) best = min(best, i);
-    }
-    best = threadgroup_min(best, part_u, sg, lane);
-    if (tid == 0) a.out[step.slot] = int32_t(best < n ? best : top);
+    // min-p drops w < min_p; the draw is the first candidate, in order, whose cumulative mass
+    // exceeds u · S: the largest rank whose mass over ranks >= it still exceeds u · S.
+    st.target = df_scale(mass(a, l, st, part_hi, part_lo, tid, sg, lane, st.use_min_p), sample_uniform(step.seed, step.sample_step));
+    const uint64_t drawn = search(a, l, st, kDraw, part_hi, part_lo, part_u, tid, sg, lane);
+    if (tid == 0) a.out[step.slot] = int32_t(0xFFFFFFFFu - uint(drawn & 0xFFFFFFFFu));
 }

@@ -1,12 +1,15 @@
-// The emulator's threadgroup scheduler: every thread of a threadgroup is a coroutine (ucontext)
-// with its own stack; a thread runs until it reaches a barrier or a SIMD-group function, then
-// the next one runs. When every live thread of a simdgroup waits at a SIMD-group function (or
-// every thread of the threadgroup at threadgroup_barrier) they are released together, so the
-// collectives see every lane's value exactly as on the GPU. Threadgroups run one after another.
+// The emulator's threadgroup scheduler: every thread of a threadgroup is a coroutine with its
+// own stack (started with ucontext, switched with _setjmp/_longjmp: no system call per switch);
+// a thread runs until it reaches a barrier or a SIMD-group function, then the next one runs.
+// When every live thread of a simdgroup waits at a SIMD-group function (or every thread of the
+// threadgroup at threadgroup_barrier) they are released together, so the collectives see every
+// lane's value exactly as on the GPU. Threadgroups run one after another.
 //
 // It also catches what the Metal compiler does not: a threadgroup_barrier that some thread of
 // the threadgroup never reaches (it returned early), threads of one simdgroup at different SIMD
 // barriers, and a deadlock.
+#undef _FORTIFY_SOURCE  // its longjmp check refuses jumps between stacks, which is the point here
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <cmath>
@@ -29,7 +32,9 @@ constexpr uint32_t kSimd = 32;
 enum class State { Running, AtThreadgroupBarrier, AtSimdBarrier, Done };
 
 struct Lane {
-    ucontext_t context;
+    ucontext_t context;  // the first entry
+    jmp_buf jump;        // where it waits
+    bool started = false;
     State state = State::Done;
     uint64_t barriers = 0;       // threadgroup barriers passed
     uint64_t simd_barriers = 0;  // SIMD-group barriers passed (each collective is two)
@@ -44,7 +49,7 @@ struct Grid {
     uint32_t group[3] = {0, 0, 0};
     uint32_t threads = 0;
     uint32_t current = 0;
-    ucontext_t scheduler;
+    jmp_buf scheduler;
     std::unique_ptr<Lane[]> lanes{new Lane[kMaxThreads]};
     std::unique_ptr<char[]> stacks{new char[kMaxThreads * kStackBytes]};
 };
@@ -57,14 +62,15 @@ Grid& grid() {
 void lane_main() {
     Grid& g = grid();
     g.fn(g.args, g.step, g.group[0], g.group[1], g.group[2], g.current);
-    g.lanes[g.current].state = State::Done;  // uc_link returns to the scheduler
+    g.lanes[g.current].state = State::Done;
+    _longjmp(g.scheduler, 1);
 }
 
 void wait(State s) {
     Grid& g = grid();
     Lane& me = g.lanes[g.current];
     me.state = s;
-    swapcontext(&me.context, &g.scheduler);
+    if (_setjmp(me.jump) == 0) _longjmp(g.scheduler, 1);
 }
 
 std::string where(const Grid& g) {
@@ -200,17 +206,23 @@ void run_grid(Invoke fn, const void* args, const void* step, const uint32_t grou
                     getcontext(&l.context);
                     l.context.uc_stack.ss_sp = g.stacks.get() + t * kStackBytes;
                     l.context.uc_stack.ss_size = kStackBytes;
-                    l.context.uc_link = &g.scheduler;
+                    l.context.uc_link = nullptr;  // lane_main never returns
                     makecontext(&l.context, lane_main, 0);
                     l.state = State::Running;
                 }
                 for (;;) {
-                    bool ran = false, live = false;
-                    for (uint32_t t = 0; t < threads; ++t) {
-                        if (g.lanes[t].state != State::Running) continue;
+                    volatile bool ran = false;
+                    bool live = false;
+                    for (volatile uint32_t t = 0; t < threads; t = t + 1) {
+                        Lane& l = g.lanes[t];
+                        if (l.state != State::Running) continue;
                         ran = true;
                         g.current = t;
-                        swapcontext(&g.scheduler, &g.lanes[t].context);
+                        if (_setjmp(g.scheduler) == 0) {
+                            if (l.started) _longjmp(l.jump, 1);
+                            l.started = true;
+                            setcontext(&l.context);
+                        }
                     }
                     for (uint32_t t = 0; t < threads; ++t) live |= g.lanes[t].state != State::Done;
                     if (!live) break;

@@ -8,7 +8,7 @@
 //   metal_emulator generate MODEL TOKENS_OUT LOGITS_OUT --tokens ... --steps N [--temperature T]
 //       [--top-k K] [--top-p P] [--min-p M] [--seed S] [--chunk N] [--n-ctx N]
 //       after the prompt (first token: its argmax), N decode steps that each draw the next token
-//       with the device sampler: the drawn tokens (int32) and each step's logits
+//       with the device sampler: the first token, the drawn ones (int32), each step's logits
 //   metal_emulator matmul TYPE ROWS COLS N_TOKENS gemv|gemm W_FILE X_FILE OUT
 //   metal_emulator sample LOGITS_FILE [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [--step S]
 //       prints the token
@@ -167,7 +167,7 @@ int cmd_generate(const Args& a) {
     const SamplingParams params = sampling(a);
     const float* l = m.process(ids.data(), static_cast<int64_t>(ids.size()), nullptr);
     int32_t token = static_cast<int32_t>(std::max_element(l, l + vocab) - l);
-    std::vector<int32_t> drawn;
+    std::vector<int32_t> drawn{token};
     std::vector<float> logits;
     for (int64_t i = 0; i < steps; ++i) {
         int32_t next = -1;

@@ -72,6 +72,7 @@ void Runner::run(const StepInputs& in) {
     if (in.sample) {
         dispatch(program_.sample.launch(1), tables_.data() + program_.sample.table, block);
         std::memcpy(in.sampled, memory_.data() + program_.sampled + 4 * slot, 4);
+        if (*in.sampled < 0) throw std::invalid_argument("no finite logit to sample from: the model output is broken");
     } else if (in.logits_out) {
         std::memcpy(in.logits_out, logits, static_cast<size_t>(in.n_tokens * program_.n_vocab) * 4);
     }
