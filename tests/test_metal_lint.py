@@ -1,0 +1,95 @@
+"""The Metal type-check lint (metal/lint/check_metal.sh): every .metal file passes, and planted
+mistakes fail it. Needs clang >= 14 (C++ for OpenCL 2021); skipped without one."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT = ROOT / "metal" / "lint" / "check_metal.sh"
+
+
+def _lint_available() -> bool:
+    if not shutil.which("sh"):
+        return False
+    r = subprocess.run(["sh", str(LINT), "/dev/null"], capture_output=True, text=True)
+    return r.returncode != 2  # 2: no usable clang
+
+
+pytestmark = pytest.mark.skipif(not _lint_available(), reason="no clang with C++ for OpenCL 2021 (clang >= 14)")
+
+
+def lint(root: Path, *files: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", str(root / "metal" / "lint" / "check_metal.sh"), *[str(root / f) for f in files]],
+                          capture_output=True, text=True)
+
+
+def test_every_metal_file_type_checks():
+    r = lint(ROOT, *[str(p.relative_to(ROOT)) for p in sorted((ROOT / "metal").glob("*.metal"))])
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.fixture
+def copy_root(tmp_path) -> Path:
+    """The Metal sources and the shared headers, copied so that a mutation stays in tmp_path."""
+    shutil.copytree(ROOT / "metal", tmp_path / "metal")
+    shutil.copytree(ROOT / "csrc" / "include", tmp_path / "csrc" / "include")
+    return tmp_path
+
+
+def plant(root: Path, rel: str, old: str, new: str) -> None:
+    path = root / rel
+    text = path.read_text()
+    assert text.count(old) >= 1, f"{rel}: '{old}' not found (update the planted mistake)"
+    path.write_text(text.replace(old, new, 1))
+
+
+# (file to mutate, text, replacement, file to lint, what the error must say)
+PLANTED = {
+    "device pointer into a thread pointer": (
+        "metal/gemv.metal", "    device const float* x = a.x + t * a.x_stride;", "    const float* x = a.x + t * a.x_stride;",
+        "metal/gemv.metal", "__global"),
+    "missing device on a helper's parameter": (
+        "metal/quants.h", "inline void dequant8(quant::Q8_0, device const uint8_t* row,",
+        "inline void dequant8(quant::Q8_0, const uint8_t* row,", "metal/gemm.metal", "dequant8"),
+    "threadgroup array passed as device memory": (
+        "metal/norm_rope.metal", "    ss = threadgroup_sum(ss, partials,", "    ss = threadgroup_sum(ss, a.y,",
+        "metal/norm_rope.metal", "partials"),
+    "double precision": (
+        "metal/glu.metal", "    const float u = a.u[t * a.u_stride + i];", "    const double u = a.u[t * a.u_stride + i];",
+        "metal/glu.metal", "double"),
+    "CUDA intrinsic": (
+        "metal/attention.metal", "        s = simd_sum(s) * a.scale;", "        s = __shfl_xor_sync(0xFFFFFFFFu, s, 16) * a.scale;",
+        "metal/attention.metal", "__shfl_xor_sync"),
+    "function MSL does not have": (
+        "metal/sample.metal", "    c = simd_sum(c);", "    c = simd_add(c);", "metal/sample.metal", "simd_add"),
+    "OpenCL built-in": (
+        "metal/common.h", "inline float silu(float g) { return g / (1.0f + exp(-g)); }",
+        "inline float silu(float g) { return g / (1.0f + native_exp(-g)); }", "metal/glu.metal", "native_exp"),
+    "threadgroup variable outside kernel scope": (
+        "metal/matmul.h", "inline float dot8(thread const float* w, thread const float* x) {\n    float s = 0.0f;",
+        "inline float dot8(thread const float* w, thread const float* x) {\n    threadgroup float tile[8];\n    float s = tile[0];",
+        "metal/gemv.metal", "tile"),
+    "shared struct layout changed": (
+        "csrc/include/edgerunner/kernel_args.h", "    uint32_t n_head;\n    uint32_t n_head_kv;\n    uint32_t head_dim;\n    uint32_t rope_dim;",
+        "    uint32_t n_head_kv;\n    uint16_t n_head;\n    uint32_t head_dim;\n    uint32_t rope_dim;",
+        "metal/norm_rope.metal", "er_rope_args"),
+    "threadgroup pointer (emulator convention)": (
+        "metal/norm_rope.metal", "    const uint r = first_row(step, a.tail) * a.rows_per_token + tgid.x;",
+        "    threadgroup float* p = partials;\n    const uint r = first_row(step, a.tail) * a.rows_per_token + tgid.x + uint(p[0]);",
+        "metal/norm_rope.metal", "declare threadgroup arrays only"),
+}
+
+
+@pytest.mark.parametrize("mistake", list(PLANTED))
+def test_planted_mistake_fails_the_lint(copy_root, mistake):
+    rel, old, new, target, says = PLANTED[mistake]
+    assert lint(copy_root, target).returncode == 0  # the unmutated copy passes
+    plant(copy_root, rel, old, new)
+    r = lint(copy_root, target)
+    assert r.returncode == 1, f"{mistake}: the lint passed\n{r.stdout}{r.stderr}"
+    assert says in r.stdout + r.stderr, f"{mistake}: expected '{says}' in\n{r.stdout}{r.stderr}"
