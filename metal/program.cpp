@@ -16,6 +16,10 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <stdexcept>
 
 #include "edgerunner/tensor_type.h"
@@ -677,6 +681,49 @@ Program sample_program(int64_t n_vocab) {
     p.sample = sample_step(p.logits, weights, p.sampled, n_vocab);
     p.tables_bytes = align_up(sizeof(er_sample_args));
     return p;
+}
+
+namespace {
+
+// `path` with its quoted includes expanded in place, each file once (as #pragma once would).
+void expand(const std::filesystem::path& path, const std::filesystem::path& root, std::set<std::string>& seen, std::string& out) {
+    if (!seen.insert(std::filesystem::weakly_canonical(path).string()).second) return;
+    std::ifstream f(path);
+    if (!f) throw std::runtime_error("Metal source: cannot read " + path.string());
+    std::string line;
+    while (std::getline(f, line)) {
+        const size_t at = line.find("#include \"");
+        if (line.rfind("#pragma once", 0) == 0) continue;
+        if (at == 0) {
+            const std::string name = line.substr(10, line.find('"', 10) - 10);
+            std::filesystem::path found;
+            for (const auto& dir : {path.parent_path(), root / "metal", root / "csrc" / "include"})
+                if (std::filesystem::exists(dir / name)) {
+                    found = dir / name;
+                    break;
+                }
+            if (found.empty()) throw std::runtime_error("Metal source: " + path.string() + " includes \"" + name + "\", not found");
+            expand(found, root, seen, out);
+            continue;
+        }
+        out += line;
+        out += '\n';
+    }
+}
+
+}  // namespace
+
+std::string library_source(const std::string& root_dir) {
+    const std::filesystem::path root(root_dir);
+    std::vector<std::filesystem::path> files;
+    for (const auto& e : std::filesystem::directory_iterator(root / "metal"))
+        if (e.path().extension() == ".metal") files.push_back(e.path());
+    if (files.empty()) throw std::runtime_error("Metal source: no .metal files in " + (root / "metal").string());
+    std::sort(files.begin(), files.end());
+    std::set<std::string> seen;
+    std::string out;
+    for (const auto& f : files) expand(f, root, seen, out);
+    return out;
 }
 
 const std::vector<std::string>& kernel_names() {

@@ -92,6 +92,11 @@ Program matmul_program(TensorType type, int64_t rows, size_t row_bytes, int64_t 
 // offset Program::logits, the token at Program::sampled + 4 · slot.
 Program sample_program(int64_t n_vocab);
 
+// Development fallback (EDGERUNNER_METAL_RUNTIME_COMPILE): every metal/*.metal under root_dir as
+// one MSL source, quoted includes expanded once each (metal/, then csrc/include/), for the
+// runtime compiler (newLibraryWithSource), which cannot resolve includes itself.
+std::string library_source(const std::string& root_dir);
+
 // The kernel names of metal/kernels.def, and whether `name` is one taking `args_bytes` of arguments.
 const std::vector<std::string>& kernel_names();
 bool kernel_takes(const std::string& name, size_t args_bytes);

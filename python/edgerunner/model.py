@@ -69,18 +69,21 @@ class Model:
                 equal to a float32 reference within 1e-2 logits.
             threads: CPU threads (default: all).
             prefill_chunk: tokens per prefill step.
-            backend: ``"cpu"``, ``"cuda"`` (a build with the CUDA backend and an NVIDIA GPU), or
-                ``"auto"``: CUDA where it is available (and not ``precise``), else the CPU.
-            dispatch: how GPU steps are issued: ``"eager"`` (a launch per op), ``"recorded"``
-                (the decode step captured once as a CUDA graph and replayed) or ``"auto"``
-                (recorded). Ignored by the CPU backend.
+            backend: ``"cpu"``, ``"cuda"`` (a build with the CUDA backend and an NVIDIA GPU),
+                ``"metal"`` (a macOS build, which has the Metal backend, on a Metal 3 GPU), or
+                ``"auto"``: a GPU backend where one is available (and not ``precise``), else the CPU.
+            dispatch: how GPU steps are issued: ``"eager"`` (every op encoded each step),
+                ``"argument_buffers"`` (Metal: every op's arguments written once into device
+                tables), ``"recorded"`` (the decode step recorded once, a CUDA graph or a Metal
+                indirect command buffer, and replayed) or ``"auto"`` (recorded). Ignored by the
+                CPU backend.
 
         Raises:
             FileNotFoundError, edgerunner.GGUFError (malformed file), ValueError (unsupported
             architecture, tensor type or option).
         """
-        if backend not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"unknown backend {backend!r}; choose auto, cpu or cuda")
+        if backend not in ("auto", "cpu", "cuda", "metal"):
+            raise ValueError(f"unknown backend {backend!r}; choose auto, cpu, cuda or metal")
         path = str(builtin_models.resolve(source, progress=_progress))
         file = gguf.open(path)
         native = _core.Model.load(path, n_ctx=int(n_ctx or 0), kv_type=kv_type, precise=precise,
@@ -101,7 +104,7 @@ class Model:
 
     @property
     def backend(self) -> str:
-        """Where the model runs: ``"cpu"`` or ``"cuda"``."""
+        """Where the model runs: ``"cpu"``, ``"cuda"`` or ``"metal"``."""
         return self._native.backend
 
     @property
