@@ -163,7 +163,7 @@ std::shared_ptr<DeviceModel> wrap_weights(const GGUFFile& file, const std::vecto
                     const size_t at = static_cast<size_t>(w->data - base);
                     const size_t start = aligned && stride ? at / stride * stride : 0;
                     if (aligned && at + bytes <= start + window) {
-                        id<MTLBuffer>& b = windows[start];
+                        __strong id<MTLBuffer>& b = windows[start];
                         if (!b) {
                             b = [c.device newBufferWithBytesNoCopy:const_cast<uint8_t*>(base + start) length:std::min(window, size - start)
                                                            options:MTLResourceStorageModeShared deallocator:nil];

@@ -152,8 +152,8 @@ private:
             NSError* error = nil;
             id<MTLResidencySet> set = [ctx_.device newResidencySetWithDescriptor:d error:&error];
             if (!set) throw std::runtime_error(std::string("Metal: residency set: ") + error.localizedDescription.UTF8String);
-            for (id<MTLBuffer> b : read_only_) [set addAllocation:b];
-            for (id<MTLBuffer> b : read_write_) [set addAllocation:b];
+            for (id<MTLResource> r : read_only_) [set addAllocation:r];
+            for (id<MTLResource> r : read_write_) [set addAllocation:r];
             for (id<MTLIndirectCommandBuffer> icb : icb_) [set addAllocation:icb];
             [set commit];
             [set requestResidency];

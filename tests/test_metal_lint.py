@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,57 @@ def test_planted_mistake_fails_the_lint(copy_root, mistake):
     r = lint(copy_root, target)
     assert r.returncode == 1, f"{mistake}: the lint passed\n{r.stdout}{r.stderr}"
     assert says in r.stdout + r.stderr, f"{mistake}: expected '{says}' in\n{r.stdout}{r.stderr}"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel emulator is built on Linux")
+def test_runtime_compile_source_type_checks(cpp_build, tmp_path):
+    """The development fallback compiles one source: every .metal file with its includes expanded
+    (metal::library_source). It must stand alone: no include left, no name defined twice."""
+    out = tmp_path / "metal" / "all.metal"
+    out.parent.mkdir()
+    shutil.copytree(ROOT / "metal" / "lint", tmp_path / "metal" / "lint")
+    r = subprocess.run([str(cpp_build / "tests" / "cpp" / "metal_emulator"), "source", str(ROOT), str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    manifest = [line for line in (ROOT / "metal" / "kernels.def").read_text().splitlines() if line.startswith("ER_KERNEL(")]
+    assert '#include "' not in text and text.count("kernel void ") == len(manifest)
+    r = lint(tmp_path, "metal/all.metal")  # no csrc/include or metal/*.h beside it: it must not need them
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def host_check(root: Path, *files: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", str(root / "metal" / "lint" / "check_host.sh"), *[str(root / f) for f in files]],
+                          capture_output=True, text=True)
+
+
+@pytest.mark.skipif(not shutil.which("clang++"), reason="no clang++")
+def test_objective_c_host_parses():
+    """metal/*.mm against declarations transcribed from the SDK (metal/lint/objc): C++ and
+    Objective-C (ARC) errors of the host, not whether the SDK has those exact signatures."""
+    r = host_check(ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+HOST_PLANTED = {
+    "ARC: a reference to an object pointer without ownership": (
+        "metal/device.mm", "__strong id<MTLBuffer>& b = windows[start];", "id<MTLBuffer>& b = windows[start];",
+        "no explicit ownership"),
+    "a program field that does not exist": (
+        "metal/runner.mm", "slot * program_.step_block_bytes atIndex:ER_BUFFER_STEP];\n                [cmd concurrent",
+        "slot * program_.step_bytes atIndex:ER_BUFFER_STEP];\n                [cmd concurrent", "step_bytes"),
+    "a buffer where a resource list is typed": (
+        "metal/runner.mm", "for (id<MTLResource> r : read_write_) [set addAllocation:r];",
+        "for (id<MTLBuffer> r : read_write_) [set addAllocation:r];", "incompatible pointer types"),
+}
+
+
+@pytest.mark.skipif(not shutil.which("clang++"), reason="no clang++")
+@pytest.mark.parametrize("mistake", list(HOST_PLANTED))
+def test_planted_host_mistake_fails(copy_root, mistake):
+    for rel in ("csrc/core",):
+        shutil.copytree(ROOT / rel, copy_root / rel)
+    rel, old, new, says = HOST_PLANTED[mistake]
+    plant(copy_root, rel, old, new)
+    r = host_check(copy_root, rel)
+    assert r.returncode == 1 and says in r.stdout + r.stderr, f"{mistake}:\n{r.stdout}{r.stderr}"

@@ -12,6 +12,8 @@
 //   metal_emulator matmul TYPE ROWS COLS N_TOKENS gemv|gemm W_FILE X_FILE OUT
 //   metal_emulator sample LOGITS_FILE [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [--step S]
 //       prints the token
+//   metal_emulator source ROOT OUT
+//       the one MSL source the development build compiles at run time (metal::library_source)
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -251,6 +253,12 @@ int cmd_sample(const Args& a) {
     return 0;
 }
 
+int cmd_source(const Args& a) {
+    const std::string source = metal::library_source(a.positional.at(0));
+    write_file(a.positional.at(1), source.data(), source.size());
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -265,6 +273,7 @@ int main(int argc, char** argv) {
         if (cmd == "generate") return cmd_generate(a);
         if (cmd == "matmul") return cmd_matmul(a);
         if (cmd == "sample") return cmd_sample(a);
+        if (cmd == "source") return cmd_source(a);
         std::fprintf(stderr, "unknown command %s\n", cmd.c_str());
         return 2;
     } catch (const std::exception& e) {
