@@ -22,6 +22,11 @@ namespace edgerunner::metal {
 namespace {
 
 class Runner final : public StepRunner {
+    struct Pipelines {  // per step (then the sampler): its kernel for one token, and for many
+        std::string one_kernel;
+        id<MTLComputePipelineState> one, many;
+    };
+
 public:
     Runner(const ModelConfig& c, const Plan& plan, std::shared_ptr<DeviceModel> weights, std::shared_ptr<DeviceKv> kv,
            Dispatch dispatch)
@@ -46,9 +51,12 @@ public:
 
             for (id<MTLBuffer> b : weights_->buffers) read_only_.push_back(b);
             read_write_ = {memory_, kv_->buffer, steps_, tables_};
-            // Every pipeline this runner can use, now rather than on the first token.
-            for (const Step* s : all_steps())
-                for (int64_t rows : {int64_t{1}, program_.max_tokens}) (void)ctx_.pipeline(s->launch(rows));
+            // Every pipeline this runner can use, now rather than on the first token: a step's
+            // kernel for one token and for many (rows in between take one of the two).
+            for (const Step* s : all_steps()) {
+                const Launch one = s->launch(1), many = s->launch(program_.max_tokens);
+                pipelines_.push_back({one.kernel, ctx_.pipeline(one), ctx_.pipeline(many)});
+            }
             if (dispatch_ != Dispatch::Eager) declare_residency_once();
             if (dispatch_ == Dispatch::Recorded && program_.max_tokens == 1) record();
         }
@@ -77,30 +85,13 @@ public:
         const uint32_t slot = next_slot_;
         next_slot_ = (next_slot_ + 1) % ER_STEP_SLOTS;
         dispatch_semaphore_wait(in_flight_, DISPATCH_TIME_FOREVER);  // the slot's previous step has completed
-        write_step_block(in, slot, static_cast<uint8_t*>(steps_.contents) + slot * program_.step_block_bytes);
-        @autoreleasepool {
-            id<MTLCommandBuffer> cb = [ctx_.queue commandBuffer];
-            id<MTLComputeCommandEncoder> enc = [cb computeCommandEncoderWithDispatchType:MTLDispatchTypeSerial];
-            if (!residency_) declare_residency(enc);
-            const bool replay = !icb_.empty() && in.n_tokens == 1 && !in.logits_out;
-            if (replay) {
-                [enc useResource:icb_[slot] usage:MTLResourceUsageRead];
-                [enc executeCommandsInBuffer:icb_[slot] withRange:NSMakeRange(0, program_.steps.size() + (in.sample ? 1 : 0))];
-            } else {
-                bool bound = false;
-                for (const Step& s : program_.steps) encode(enc, s, Program::rows(s, in), slot, bound);
-                if (in.sample) encode(enc, program_.sample, 1, slot, bound);
-            }
-            [enc endEncoding];
-            dispatch_semaphore_t done = in_flight_;
-            [cb addCompletedHandler:^(id<MTLCommandBuffer> finished) {
-              (void)finished;
-              dispatch_semaphore_signal(done);
-            }];
-            [cb commit];
-            [cb waitUntilCompleted];
-            if (cb.status == MTLCommandBufferStatusError)
-                throw std::runtime_error(std::string("Metal: the step failed: ") + cb.error.localizedDescription.UTF8String);
+        bool committed = false;
+        try {
+            write_step_block(in, slot, static_cast<uint8_t*>(steps_.contents) + slot * program_.step_block_bytes);
+            submit(in, slot, committed);
+        } catch (...) {
+            if (!committed) dispatch_semaphore_signal(in_flight_);  // the slot was never handed to the GPU
+            throw;
         }
         last_row_ = in.n_tokens - 1;
         const uint8_t* memory = static_cast<const uint8_t*>(memory_.contents);
@@ -113,6 +104,36 @@ public:
     }
 
 private:
+    // The step's command buffer: encoded, committed, waited for.
+    void submit(const StepInputs& in, uint32_t slot, bool& committed) {
+        @autoreleasepool {
+            id<MTLCommandBuffer> cb = [ctx_.queue commandBuffer];
+            id<MTLComputeCommandEncoder> enc = [cb computeCommandEncoderWithDispatchType:MTLDispatchTypeSerial];
+            if (!residency_) declare_residency(enc);
+            const bool replay = !icb_.empty() && in.n_tokens == 1 && !in.logits_out;
+            if (replay) {
+                [enc useResource:icb_[slot] usage:MTLResourceUsageRead];
+                [enc executeCommandsInBuffer:icb_[slot] withRange:NSMakeRange(0, program_.steps.size() + (in.sample ? 1 : 0))];
+            } else {
+                bool bound = false;
+                for (size_t i = 0; i < program_.steps.size(); ++i)
+                    encode(enc, program_.steps[i], pipelines_[i], Program::rows(program_.steps[i], in), slot, bound);
+                if (in.sample) encode(enc, program_.sample, pipelines_.back(), 1, slot, bound);
+            }
+            [enc endEncoding];
+            dispatch_semaphore_t done = in_flight_;
+            [cb addCompletedHandler:^(id<MTLCommandBuffer> finished) {
+              (void)finished;
+              dispatch_semaphore_signal(done);
+            }];
+            [cb commit];
+            committed = true;
+            [cb waitUntilCompleted];
+            if (cb.status == MTLCommandBufferStatusError)
+                throw std::runtime_error(std::string("Metal: the step failed: ") + cb.error.localizedDescription.UTF8String);
+        }
+    }
+
     std::vector<const Step*> all_steps() const {
         std::vector<const Step*> out;
         for (const Step& s : program_.steps) out.push_back(&s);
@@ -122,9 +143,9 @@ private:
 
     // One op into the encoder: eager pushes its argument table with the command (setBytes);
     // argument_buffers points at the table written at prepare time (one binding, then offsets).
-    void encode(id<MTLComputeCommandEncoder> enc, const Step& s, int64_t rows, uint32_t slot, bool& bound) const {
+    void encode(id<MTLComputeCommandEncoder> enc, const Step& s, const Pipelines& p, int64_t rows, uint32_t slot, bool& bound) const {
         const Launch l = s.launch(rows);
-        [enc setComputePipelineState:ctx_.pipeline(l)];
+        [enc setComputePipelineState:l.kernel == p.one_kernel ? p.one : p.many];
         if (dispatch_ == Dispatch::Eager) {
             [enc setBytes:tables_host_.data() + s.table length:s.table_bytes atIndex:ER_BUFFER_ARGS];
         } else if (!bound) {
@@ -179,7 +200,7 @@ private:
             for (size_t i = 0; i < steps.size(); ++i) {
                 const Launch l = steps[i]->launch(1);
                 id<MTLIndirectComputeCommand> cmd = [icb indirectComputeCommandAtIndex:i];
-                [cmd setComputePipelineState:ctx_.pipeline(l)];
+                [cmd setComputePipelineState:pipelines_[i].one];
                 [cmd setKernelBuffer:tables_ offset:steps[i]->table atIndex:ER_BUFFER_ARGS];
                 [cmd setKernelBuffer:steps_ offset:slot * program_.step_block_bytes atIndex:ER_BUFFER_STEP];
                 [cmd concurrentDispatchThreadgroups:MTLSizeMake(l.groups[0], l.groups[1], l.groups[2])
@@ -204,6 +225,7 @@ private:
     id<MTLBuffer> memory_ = nil, steps_ = nil, tables_ = nil;
     std::vector<uint8_t> tables_host_;
     std::vector<id<MTLResource>> read_only_, read_write_;
+    std::vector<Pipelines> pipelines_;
     std::vector<id<MTLIndirectCommandBuffer>> icb_;
     id residency_ = nil;  // id<MTLResidencySet> on macOS 15+
     dispatch_semaphore_t in_flight_ = nil;
