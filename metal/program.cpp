@@ -109,7 +109,7 @@ Step sample_step(size_t logits, size_t weights, size_t out, int64_t n_vocab) {
 
 class Builder {
 public:
-    Builder(const ModelConfig& c, const Plan& plan, const KVCache& kv) : c_(c), plan_(plan), kv_(kv) {}
+    Builder(const ModelConfig& c, const Plan& plan, const KVCache& kv, bool fuse) : c_(c), plan_(plan), kv_(kv), fuse_(fuse) {}
 
     Program build() {
         p_.max_tokens = plan_.max_tokens;
@@ -122,7 +122,7 @@ public:
             switch (op.kind) {
                 case OpKind::Embed: embed(op); ++i; break;
                 case OpKind::RmsNorm: {
-                    const size_t end = norm_consumers(i);
+                    const size_t end = fuse_ ? norm_consumers(i) : i + 1;
                     if (end > i + 1) {
                         for (size_t j = i + 1; j < end; ++j) norm_of[j] = &op;
                     } else {
@@ -303,19 +303,16 @@ private:
         const Op& first = ops[i];
         std::vector<const Op*> parts{&first};
         size_t j = i + 1;
-        while (!first.accumulate && parts.size() < 3 && j < ops.size() && ops[j].kind == OpKind::MatMul && ops[j].in == first.in &&
+        while (fuse_ && !first.accumulate && parts.size() < 3 && j < ops.size() && ops[j].kind == OpKind::MatMul && ops[j].in == first.in &&
                !ops[j].accumulate && ops[j].tail == first.tail && ops[j].weight->type == first.weight->type &&
                ops[j].weight->cols == first.weight->cols && (ops[j].bias != nullptr) == (first.bias != nullptr))
             parts.push_back(&ops[j++]);
         uint32_t glu = ER_GLU_NONE;
-        if (parts.size() == 2 && j < ops.size() && (ops[j].kind == OpKind::SwiGLU || ops[j].kind == OpKind::GeGLU) &&
+        if (fuse_ && parts.size() == 2 && j < ops.size() && (ops[j].kind == OpKind::SwiGLU || ops[j].kind == OpKind::GeGLU) &&
             ops[j].in == parts[0]->out && parts[1]->out == Buf::UP && !first.bias &&
             parts[0]->weight->rows == parts[1]->weight->rows) {
             glu = ops[j].kind == OpKind::GeGLU ? ER_GLU_GELU : ER_GLU_SILU;
             ++j;
-        } else if (parts.size() == 3 && j < ops.size() && (ops[j].kind == OpKind::SwiGLU || ops[j].kind == OpKind::GeGLU)) {
-            parts.pop_back();  // never fuse a third matrix into a gate/up pair
-            --j;
         }
         for (const Op* p : parts) check_cols(*p->weight);
 
@@ -394,13 +391,13 @@ private:
         const std::vector<Op>& ops = plan_.ops;
         size_t j = i;
         const Op *qn = nullptr, *kn = nullptr, *rq = nullptr, *rk = nullptr, *store = nullptr;
-        if (j + 1 < ops.size() && ops[j].kind == OpKind::HeadRmsNorm && ops[j].in == Buf::Q && ops[j + 1].kind == OpKind::HeadRmsNorm &&
+        if (fuse_ && j + 1 < ops.size() && ops[j].kind == OpKind::HeadRmsNorm && ops[j].in == Buf::Q && ops[j + 1].kind == OpKind::HeadRmsNorm &&
             ops[j + 1].in == Buf::K) {
             qn = &ops[j];
             kn = &ops[j + 1];
             j += 2;
         }
-        if (j + 1 < ops.size() && ops[j].kind == OpKind::Rope && ops[j].in == Buf::Q && ops[j + 1].kind == OpKind::Rope &&
+        if (fuse_ && j + 1 < ops.size() && ops[j].kind == OpKind::Rope && ops[j].in == Buf::Q && ops[j + 1].kind == OpKind::Rope &&
             ops[j + 1].in == Buf::K && ops[j].local_rope == ops[j + 1].local_rope) {
             rq = &ops[j];
             rk = &ops[j + 1];
@@ -549,6 +546,7 @@ private:
     const ModelConfig& c_;
     const Plan& plan_;
     const KVCache& kv_;
+    const bool fuse_;
     Program p_;
     int64_t width_[kBufCount] = {};
     size_t offset_[kBufCount] = {};
@@ -580,10 +578,10 @@ int64_t Program::rows(const Step& s, const StepInputs& in) {
     return s.tail && !in.logits_out ? 1 : in.n_tokens;
 }
 
-Program build_program(const ModelConfig& c, const Plan& plan, const KVCache& kv) {
+Program build_program(const ModelConfig& c, const Plan& plan, const KVCache& kv, bool fuse) {
     const std::string missing = unsupported(c, plan);
     if (!missing.empty()) throw std::invalid_argument("the Metal backend cannot run this model: " + missing);
-    return Builder(c, plan, kv).build();
+    return Builder(c, plan, kv, fuse).build();
 }
 
 std::string unsupported(const ModelConfig& c, const Plan& plan) {

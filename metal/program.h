@@ -73,9 +73,10 @@ struct Program {
     static int64_t rows(const Step& s, const StepInputs& in);
 };
 
-// Fuses and lowers `plan` (see program.cpp for the fusions). Throws std::invalid_argument for
+// Fuses and lowers `plan` (see program.cpp for the fusions; fuse = false: every op on its own
+// kernel, which the tests use to run the unfused kernels). Throws std::invalid_argument for
 // what the Metal kernels cannot run (see unsupported()).
-Program build_program(const ModelConfig& c, const Plan& plan, const KVCache& kv);
+Program build_program(const ModelConfig& c, const Plan& plan, const KVCache& kv, bool fuse = true);
 
 // What in a plan the Metal backend cannot run (empty: all of it).
 std::string unsupported(const ModelConfig& c, const Plan& plan);

@@ -2,7 +2,7 @@
 // (tests/test_metal_emulated.py compares what it writes with the CPU backend and float64
 // references). Files are raw little-endian arrays.
 //
-//   metal_emulator logits MODEL OUT --tokens 1,2,3 [--chunk N] [--n-ctx N] [--kv f16] [--decode-from K]
+//   metal_emulator logits MODEL OUT --tokens 1,2,3 [--chunk N] [--n-ctx N] [--kv f16] [--decode-from K] [--fuse 0]
 //       every position's logits (n × n_vocab float32); with --decode-from K the first K tokens
 //       run as prefill and the rest one decode step each: rows for positions K-1 .. n-1
 //   metal_emulator generate MODEL TOKENS_OUT LOGITS_OUT --tokens ... --steps N [--temperature T]
@@ -116,8 +116,9 @@ struct Emulated {
             if (config.layer_is_local(i) && config.sliding_window + chunk < n_ctx) capacities[i] = config.sliding_window + chunk;
         kv = std::make_unique<KVCache>(parse_kv_type(a.get("kv", "f16")), capacities, n_ctx, config.n_head_kv, config.head_dim, false);
         kv_memory = std::make_unique<er_emulator::Memory>(kv->bytes());
-        decode = std::make_unique<er_emulator::Runner>(config, decode_plan, *kv, *kv_memory);
-        prefill = std::make_unique<er_emulator::Runner>(config, prefill_plan, *kv, *kv_memory);
+        const bool fuse = a.get("fuse", "1") != "0";
+        decode = std::make_unique<er_emulator::Runner>(config, decode_plan, *kv, *kv_memory, fuse);
+        prefill = std::make_unique<er_emulator::Runner>(config, prefill_plan, *kv, *kv_memory, fuse);
     }
 
     // Session::process: chunks through the prefill runner (the decode runner for a lone token

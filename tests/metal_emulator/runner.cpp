@@ -33,8 +33,8 @@ void dispatch(const metal::Launch& l, const void* table, const void* step_block)
     run_grid(fn, table, step_block, l.groups, l.threads);
 }
 
-Runner::Runner(const ModelConfig& c, const Plan& plan, const KVCache& kv, const Memory& kv_memory)
-    : program_(metal::build_program(c, plan, kv)),
+Runner::Runner(const ModelConfig& c, const Plan& plan, const KVCache& kv, const Memory& kv_memory, bool fuse)
+    : program_(metal::build_program(c, plan, kv, fuse)),
       memory_(program_.memory_bytes),
       steps_(program_.step_block_bytes * ER_STEP_SLOTS) {
     for (const auto& [offset, values] : program_.constants) std::memcpy(memory_.data() + offset, values.data(), values.size() * 4);

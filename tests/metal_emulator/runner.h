@@ -28,7 +28,8 @@ void dispatch(const edgerunner::metal::Launch& launch, const void* table, const 
 
 class Runner final : public edgerunner::StepRunner {
 public:
-    Runner(const edgerunner::ModelConfig& c, const edgerunner::Plan& plan, const edgerunner::KVCache& kv, const Memory& kv_memory);
+    Runner(const edgerunner::ModelConfig& c, const edgerunner::Plan& plan, const edgerunner::KVCache& kv, const Memory& kv_memory,
+           bool fuse = true);
     void run(const edgerunner::StepInputs& in) override;
     const float* logits() const override;
     int64_t max_tokens() const override { return program_.max_tokens; }
