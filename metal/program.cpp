@@ -80,7 +80,7 @@ std::string lower(std::string_view s) {
     return out;
 }
 
-std::string layer_label(int32_t layer) { return layer >= 0 ? "layer " + std::to_string(layer) + ": " : "head: "; }
+std::string layer_label(int32_t layer) { return layer >= 0 ? "layer " + std::to_string(layer) + ": " : ""; }
 
 // The device sampler over the logits row at memory offset `logits` (its last token's row).
 Step sample_step(size_t logits, size_t weights, size_t out, int64_t n_vocab) {

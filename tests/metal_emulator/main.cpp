@@ -14,6 +14,7 @@
 //       prints the token
 //   metal_emulator source ROOT OUT
 //       the one MSL source the development build compiles at run time (metal::library_source)
+// METAL_EMULATOR_TRACE=1 prints every dispatch (step, kernel, grid, constants) as it runs.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
