@@ -1,14 +1,16 @@
 """End-to-end benchmark, like llama-bench: prefill of N tokens (pp) and decode of M tokens (tg).
 
     python -m bench MODEL [MODEL ...] [--threads 2] [--pp 512] [--tg 128] [--reps 5]
-                    [--backend cpu|cuda] [--dispatch eager,argument_buffers,recorded]
+                    [--backend cpu|cuda|metal] [--dispatch eager,argument_buffers,recorded]
                     [--peer PATH/llama-bench] [--json out.json]
 
 MODEL is a .gguf path or a built-in name. Each figure is the mean ± standard deviation over
 --reps repetitions after one warm-up. With --peer, llama.cpp's llama-bench runs on the same
 file in the same run and the table shows ours / peer. Decode is also shown as a share of the
 read-bandwidth roofline: weight bytes read per token / this machine's measured bandwidth
-(on CUDA: the device's copy bandwidth). --dispatch takes several GPU dispatch modes, each a row.
+(on CUDA: the device's copy bandwidth; on Metal: the CPU's read bandwidth of the memory the GPU
+shares, a lower bound of what the GPU reaches). --dispatch takes several GPU dispatch modes
+(eager, recorded; Metal also argument_buffers), each a row.
 Memory is the process's resident set after load and a 16-token warm-up (weights, KV cache,
 scratch for --chunk tokens) against the file size plus the KV cache.
 """
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--chunk", type=int, default=512, help="prefill chunk (tokens per step)")
     p.add_argument("--kv-type", default="f16")
-    p.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--backend", default="cpu", choices=["cpu", "cuda", "metal"])
     p.add_argument("--dispatch", default="recorded", help="GPU dispatch modes, comma-separated: eager, argument_buffers, recorded")
     p.add_argument("--peer", help="llama.cpp's llama-bench binary, run on the same files")
     p.add_argument("--json", help="write the results here")
@@ -130,11 +132,18 @@ def main(argv: list[str] | None = None) -> int:
         bandwidth = _core.cuda_copy_bandwidth(1 << 31, 5)
         machine = _core.cuda_device()
         print(f"{machine}: copy bandwidth {bandwidth:.0f} GB/s\n")
+    elif args.backend == "metal":
+        if not _core.metal_available():
+            p.error(f"--backend metal: {_core.metal_device()}")
+        bandwidth = _core.read_bandwidth(1 << 30, os.cpu_count() or args.threads, 5)
+        machine = _core.metal_device()
+        print(f"{machine}: CPU read bandwidth of the shared memory {bandwidth:.0f} GB/s (a lower bound of the GPU's)\n")
     else:
         bandwidth = _core.read_bandwidth(1 << 30, args.threads, 5)
         machine = platform.processor() or platform.machine()
         print(f"read bandwidth ({args.threads} threads): {bandwidth:.1f} GB/s; kernels: {_core.cpu_isa()}\n")
-    dispatches = args.dispatch.split(",") if args.backend == "cuda" else ["auto"]
+    gpu = args.backend in ("cuda", "metal")
+    dispatches = args.dispatch.split(",") if gpu else ["auto"]
     report: dict[str, Any] = {"machine": machine, "backend": args.backend, "threads": args.threads,
                               "read_bandwidth_gbs": bandwidth, "pp": args.pp, "tg": args.tg, "models": []}
     print(f"| model | ours pp{args.pp} tok/s | ours tg{args.tg} tok/s | roofline % | RSS / (file + KV) |"
@@ -148,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         peer = bench_peer(args.peer, path, args) if args.peer else None
         for dispatch in dispatches:
             ours = bench_ours(path, args, dispatch)
-            label = os.path.basename(path) + (f" ({dispatch})" if args.backend == "cuda" else "")
+            label = os.path.basename(path) + (f" ({dispatch})" if gpu else "")
             row: dict[str, Any] = {"model": label, "file_size": f.file_size, "dispatch": dispatch,
                                    "weight_bytes_per_token": per_token, "roofline_tok_s": roofline, "ours": ours}
             memory = ours["rss_after_load"] / (f.file_size + ours["kv_bytes"])

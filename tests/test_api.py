@@ -71,6 +71,11 @@ def test_errors_name_the_problem(tmp_path):
     if not edgerunner._core.cuda_available():
         with pytest.raises(ValueError, match="backend 'cuda': "):
             Model.load(path, backend="cuda")
+    if not edgerunner._core.metal_available():
+        with pytest.raises(ValueError, match="backend 'metal': "):
+            Model.load(path, backend="metal")
+    with pytest.raises(ValueError, match="unknown dispatch mode 'graph'"):
+        Model.load(path, dispatch="graph")
     with pytest.raises(ValueError, match="unknown backend 'tpu'"):
         Model.load(path, backend="tpu")
     with pytest.raises(ValueError, match="has no .role."):

@@ -8,6 +8,9 @@
 #if defined(ER_HAVE_CUDA)
 #include "../cuda/cuda.h"
 #endif
+#if defined(ER_HAVE_METAL)
+#include "../../metal/metal.h"
+#endif
 #include "edgerunner/engine.h"
 #include "kv_cache.h"
 #include "models/models.h"
@@ -23,15 +26,19 @@ struct Model::Impl {
     int64_t n_ctx = 0;
     Plan decode_plan, prefill_plan;
     std::unique_ptr<cpu::ThreadPool> pool;
-    std::string backend;  // "cpu" or "cuda"
+    std::string backend;  // "cpu", "cuda" or "metal"
 #if defined(ER_HAVE_CUDA)
     std::shared_ptr<cuda::DeviceModel> device;  // the weights in device memory
+#endif
+#if defined(ER_HAVE_METAL)
+    std::shared_ptr<metal::DeviceModel> metal_weights;  // the mapped file as Metal buffers
 #endif
 };
 
 namespace {
 
-// "auto" → cuda where this build has the backend and a device is present, else cpu.
+// "auto" → a GPU backend where this build has one and a device is present (CUDA, else Metal),
+// else cpu.
 std::string resolve_backend(const LoadOptions& o) {
     const std::string& b = o.backend;
 #if defined(ER_HAVE_CUDA)
@@ -39,15 +46,31 @@ std::string resolve_backend(const LoadOptions& o) {
 #else
     const bool cuda_ok = false;
 #endif
+#if defined(ER_HAVE_METAL)
+    const bool metal_ok = metal::available();
+#else
+    const bool metal_ok = false;
+#endif
     if (b == "cpu") return b;
-    if (b == "auto") return cuda_ok && !o.precise ? "cuda" : "cpu";
-    if (b != "cuda") throw std::invalid_argument("unknown backend '" + b + "'; choose cpu, cuda or auto");
+    if (b == "auto") return o.precise ? "cpu" : cuda_ok ? "cuda" : metal_ok ? "metal" : "cpu";
+    if (b != "cuda" && b != "metal") throw std::invalid_argument("unknown backend '" + b + "'; choose cpu, cuda, metal or auto");
+    [[maybe_unused]] const char* cpu_only = "precise mode runs on the CPU backend only; drop precise or use backend='cpu'";
+    if (b == "cuda") {
 #if defined(ER_HAVE_CUDA)
-    if (!cuda_ok) throw std::invalid_argument("backend 'cuda': " + cuda::describe());
-    if (o.precise) throw std::invalid_argument("precise mode runs on the CPU backend only; drop precise or use backend='cpu'");
+        if (!cuda_ok) throw std::invalid_argument("backend 'cuda': " + cuda::describe());
+        if (o.precise) throw std::invalid_argument(cpu_only);
+        return b;
+#else
+        throw std::invalid_argument("backend 'cuda': this build has no CUDA backend (rebuild with -C cmake.define.EDGERUNNER_CUDA=ON)");
+#endif
+    }
+#if defined(ER_HAVE_METAL)
+    if (!metal_ok) throw std::invalid_argument("backend 'metal': " + metal::describe());
+    if (o.precise) throw std::invalid_argument(cpu_only);
     return b;
 #else
-    throw std::invalid_argument("backend 'cuda': this build has no CUDA backend (rebuild with -C cmake.define.EDGERUNNER_CUDA=ON)");
+    throw std::invalid_argument("backend 'metal': this build has no Metal backend (it is built by default on macOS arm64; "
+                                "elsewhere Metal does not exist)");
 #endif
 }
 
@@ -95,6 +118,19 @@ std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
         m.backend = "cpu";  // auto: the CPU runs what the GPU backend cannot yet
     }
 #endif
+#if defined(ER_HAVE_METAL)
+    if (m.backend == "metal") {
+        std::string missing = metal::unsupported(m.config, m.prefill_plan);
+        if (missing.empty()) missing = metal::unsupported(m.config, m.decode_plan);
+        if (missing.empty()) {
+            m.metal_weights = metal::wrap_weights(m.file, {&m.decode_plan, &m.prefill_plan});
+            return model;
+        }
+        if (options.backend == "metal")
+            throw std::invalid_argument("backend 'metal' cannot run " + m.config.arch + " (" + missing + "); use backend='cpu'");
+        m.backend = "cpu";
+    }
+#endif
     int threads = options.n_threads ? options.n_threads : static_cast<int>(std::thread::hardware_concurrency());
     m.pool = std::make_unique<cpu::ThreadPool>(std::max(1, threads));
     return model;
@@ -115,6 +151,9 @@ struct Session::Impl {
     KVCache kv;  // on the CPU backend the slots themselves; on a device backend the layout
 #if defined(ER_HAVE_CUDA)
     std::shared_ptr<cuda::DeviceKv> device_kv;
+#endif
+#if defined(ER_HAVE_METAL)
+    std::shared_ptr<metal::DeviceKv> metal_kv;
 #endif
     std::unique_ptr<StepRunner> decode, prefill;
     std::vector<int32_t> tokens;  // what the cache holds, position = index
@@ -159,6 +198,14 @@ struct Session::Impl {
             const cuda::Dispatch dispatch = cuda::parse_dispatch(model->options().dispatch);
             decode = cuda::make_runner(model->config(), mi.decode_plan, mi.device, device_kv, dispatch);
             prefill = cuda::make_runner(model->config(), mi.prefill_plan, mi.device, device_kv, dispatch);
+        }
+#endif
+#if defined(ER_HAVE_METAL)
+        if (mi.backend == "metal") {
+            metal_kv = metal::make_kv(kv);
+            const metal::Dispatch dispatch = metal::parse_dispatch(model->options().dispatch);
+            decode = metal::make_runner(model->config(), mi.decode_plan, mi.metal_weights, metal_kv, dispatch);
+            prefill = metal::make_runner(model->config(), mi.prefill_plan, mi.metal_weights, metal_kv, dispatch);
         }
 #endif
         if (mi.backend == "cpu") {

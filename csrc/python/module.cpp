@@ -10,6 +10,7 @@ void bind_engine(nb::module_& m);
 void bind_kernels(nb::module_& m);
 void bind_bandwidth(nb::module_& m);
 void bind_cuda(nb::module_& m);
+void bind_metal(nb::module_& m);
 
 NB_MODULE(_core, m) {
     m.doc() = "edgerunner native core";
@@ -20,4 +21,5 @@ NB_MODULE(_core, m) {
     bind_kernels(m);
     bind_bandwidth(m);
     bind_cuda(m);
+    bind_metal(m);
 }

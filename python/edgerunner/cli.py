@@ -138,8 +138,8 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
     m.add_argument("--kv-type", default="f16", choices=["f16", "f32", "q8_0"], help="KV cache precision")
     m.add_argument("--precise", action="store_true", help="float32 activations and KV cache (slower)")
-    m.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"],
-                   help="where to run (default auto: CUDA when this build has it and a GPU is present)")
+    m.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "metal"],
+                   help="where to run (default auto: a GPU backend when this build has one and a GPU is present)")
     m.add_argument("--revision", default=None, help="hub models: the branch, tag or commit (default main)")
 
 

@@ -84,13 +84,14 @@ class Model:
                 equal to a float32 reference within 1e-2 logits.
             threads: CPU threads (default: all).
             prefill_chunk: tokens per prefill step.
-            backend: ``"cpu"``, ``"cuda"`` (a build with the CUDA backend and an NVIDIA GPU), or
-                ``"auto"``: CUDA where it is available (and not ``precise``), else the CPU.
-            dispatch: how GPU decode steps are issued: ``"eager"`` (each op's arguments encoded
-                and launched every step), ``"argument_buffers"`` (arguments written once into a
-                device table, the same launches each step), ``"recorded"`` (the step captured
-                once as a CUDA graph and replayed) or ``"auto"`` (recorded). Ignored by the CPU
-                backend.
+            backend: ``"cpu"``, ``"cuda"`` (a build with the CUDA backend and an NVIDIA GPU),
+                ``"metal"`` (a macOS build, which has the Metal backend, on a Metal 3 GPU), or
+                ``"auto"``: a GPU backend where one is available (and not ``precise``), else the CPU.
+            dispatch: how GPU decode steps are issued: ``"eager"`` (every op encoded each step),
+                ``"argument_buffers"`` (every op's arguments written once into device tables, the
+                same launches each step), ``"recorded"`` (the decode step recorded once, a CUDA
+                graph or a Metal indirect command buffer, and replayed) or ``"auto"``
+                (recorded). Ignored by the CPU backend.
 
         Raises:
             FileNotFoundError, edgerunner.GGUFError (malformed file), ValueError (unsupported
@@ -101,8 +102,8 @@ class Model:
         events = EventSink(on_event)
         events.emit(Stage.IDLE, message=f"loading {source if source is not None else builtin_models.DEFAULT_MODEL}")
         try:
-            if backend not in ("auto", "cpu", "cuda"):
-                raise ValueError(f"unknown backend {backend!r}; choose auto, cpu or cuda")
+            if backend not in ("auto", "cpu", "cuda", "metal"):
+                raise ValueError(f"unknown backend {backend!r}; choose auto, cpu, cuda or metal")
             path = str(sources.resolve(source, revision=revision, report=lambda done, total, message: events.emit(
                 Stage.DOWNLOADING, done, total, message)))
             file = gguf.open(path)
@@ -153,7 +154,7 @@ class Model:
 
     @property
     def backend(self) -> str:
-        """Where the model runs: ``"cpu"`` or ``"cuda"``."""
+        """Where the model runs: ``"cpu"``, ``"cuda"`` or ``"metal"``."""
         return self._native.backend
 
     @property

@@ -24,7 +24,7 @@ struct LoadOptions {
     bool precise = false;         // float32 activations and KV cache: the reference mode
     int n_threads = 0;            // 0: all hardware threads
     int64_t prefill_chunk = 256;  // tokens per prefill step
-    std::string backend = "auto"; // cpu, cuda, or auto (cuda where this build has it and a device is present)
+    std::string backend = "auto"; // cpu, cuda, metal, or auto (a GPU backend this build has, with a device present)
     std::string dispatch = "auto";  // GPU backends: eager, argument_buffers, recorded, auto (= recorded)
 };
 constexpr int64_t kDefaultMaxContext = 4096;
@@ -39,7 +39,7 @@ public:
     const ModelConfig& config() const;
     const GGUFFile& file() const;
     const LoadOptions& options() const;
-    const std::string& backend() const;  // the backend it runs on: "cpu" or "cuda"
+    const std::string& backend() const;  // the backend it runs on: "cpu", "cuda" or "metal"
     int64_t n_ctx() const;
 
     struct Impl;

@@ -12,7 +12,7 @@
 #if defined(__METAL_VERSION__)
 #include <metal_stdlib>
 typedef half er_half;
-#define ER_TABLE(type, name, size) static const constant type name[size]
+#define ER_TABLE(type, name, size) static constant type name[size]  // constant: read-only already
 #elif defined(__CUDACC__)
 #include <cuda_fp16.h>
 #include <stdint.h>
