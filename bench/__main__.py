@@ -10,7 +10,7 @@ file in the same run and the table shows ours / peer. Decode is also shown as a 
 read-bandwidth roofline: weight bytes read per token / this machine's measured bandwidth
 (on CUDA: the device's copy bandwidth; on Metal: the CPU's read bandwidth of the memory the GPU
 shares, a lower bound of what the GPU reaches). --dispatch takes several GPU dispatch modes
-(eager, recorded; Metal also argument_buffers), each a row.
+(eager, argument_buffers, recorded), each a row.
 Memory is the process's resident set after load and a 16-token warm-up (weights, KV cache,
 scratch for --chunk tokens) against the file size plus the KV cache.
 """
