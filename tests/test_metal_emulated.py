@@ -184,7 +184,7 @@ def test_real_smollm2_decode_steps_match_cpu_precise(emulator):
     max |Δ| measured 0.015 at |logit| 27 (5.5e-4 relative); asserted within 3e-3 relative."""
     from edgerunner import Model, builtin_models
 
-    path = builtin_models.resolve("smollm2-135m-instruct")
+    path = builtin_models.fetch("smollm2-135m-instruct")
     cpu = Model.load(path, backend="cpu", precise=True, threads=2)
     ids = cpu.tokenize("The capital of France is")
     want = cpu.logits(ids, all_positions=True)
