@@ -464,7 +464,10 @@ def test_cli_interrupted_pull_resumes(server, tmp_path, files):
     server.reset()
     server.fault("big-Q8_0.gguf", "stall")  # half the bytes, then the transfer hangs
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
-    env.update(HF_ENDPOINT=server.url, HF_HOME=str(tmp_path / "hf"), EDGERUNNER_CACHE=str(tmp_path / "er"))
+    # a read timeout longer than the stall: the transfer must not time out, retry and finish
+    # before the interrupt (a loaded CI machine can take seconds to deliver it)
+    env.update(HF_ENDPOINT=server.url, HF_HOME=str(tmp_path / "hf"), EDGERUNNER_CACHE=str(tmp_path / "er"),
+               HF_HUB_DOWNLOAD_TIMEOUT="120")
     proc = subprocess.Popen([sys.executable, "-m", "edgerunner", "pull", "acme/big-GGUF"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     blobs = tmp_path / "hf" / "hub" / "models--acme--big-GGUF" / "blobs"
@@ -475,7 +478,7 @@ def test_cli_interrupted_pull_resumes(server, tmp_path, files):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     server.release.set()
-    assert proc.returncode == 130 and "Traceback" not in err
+    assert proc.returncode == 130 and "Traceback" not in err, (proc.returncode, err, server.gets())
     assert "interrupted; a partial download is kept and the same command resumes it" in err
     (partial,) = blobs.glob("*.incomplete")
     kept = partial.stat().st_size
