@@ -468,8 +468,11 @@ def test_cli_interrupted_pull_resumes(server, tmp_path, files):
     # before the interrupt (a loaded CI machine can take seconds to deliver it)
     env.update(HF_ENDPOINT=server.url, HF_HOME=str(tmp_path / "hf"), EDGERUNNER_CACHE=str(tmp_path / "er"),
                HF_HUB_DOWNLOAD_TIMEOUT="120")
+    # SIGINT at its default in the child: a test run started in the background (nohup, `cmd &`)
+    # has it ignored, and Python then keeps ignoring it
     proc = subprocess.Popen([sys.executable, "-m", "edgerunner", "pull", "acme/big-GGUF"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     blobs = tmp_path / "hf" / "hub" / "models--acme--big-GGUF" / "blobs"
     deadline = time.monotonic() + 60
     while not any(p.stat().st_size for p in blobs.glob("*.incomplete")):  # the first 10 MiB are on disk
