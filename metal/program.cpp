@@ -177,18 +177,10 @@ private:
             total += align_up(static_cast<size_t>(widths[b] * plan_.max_tokens) * 4);
         }
         p_.logits = offset_[static_cast<int>(Buf::LOGITS)];
-        // RoPE inverse frequencies exactly as the CPU backend computes them (float32 pow, then
-        // the per-pair factors): [0] rope_base, [1] the local layers' rope_base_swa.
-        const float* factors = nullptr;
-        for (const Op& op : plan_.ops)
-            if (op.kind == OpKind::Rope && op.weight) factors = reinterpret_cast<const float*>(op.weight->data);
+        // RoPE inverse frequencies (core's rope_inv_freq): [0] rope_base, [1] the local layers'
         for (int b = 0; b < 2; ++b) {
-            const float base = b == 1 && c_.rope_base_swa > 0 ? c_.rope_base_swa : c_.rope_base;
-            std::vector<float> inv(static_cast<size_t>(std::max<int64_t>(c_.rope_dim / 2, 1)), 0.0f);
-            for (int64_t i = 0; i < c_.rope_dim / 2; ++i) {
-                inv[i] = 1.0f / std::pow(base, static_cast<float>(2 * i) / static_cast<float>(c_.rope_dim));
-                if (factors) inv[i] /= factors[i];
-            }
+            std::vector<float> inv = rope_inv_freq(c_, plan_, b == 1);
+            if (inv.empty()) inv.push_back(0.0f);  // a constant of at least one value
             inv_freq_[b] = total;
             total += align_up(inv.size() * 4);
             p_.constants.emplace_back(inv_freq_[b], std::move(inv));

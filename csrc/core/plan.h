@@ -62,6 +62,11 @@ struct Plan {
     std::vector<Op> ops;
 };
 
+// RoPE's inverse frequencies for every backend, as Hugging Face computes them (float32 pow of
+// the base), divided by the per-pair factors a Rope op of `plan` carries (rope_freqs, LongRoPE's
+// chosen set): rope_dim / 2 of them, for the global base or (local) the local layers' own.
+std::vector<float> rope_inv_freq(const ModelConfig& c, const Plan& plan, bool local);
+
 // Every weight a llama-family model uses, resolved from tensor names at load.
 struct LayerWeights {
     Weight attn_norm, wq, wk, wv, bq, bk, bv, q_norm, k_norm, wo, post_attn_norm;

@@ -126,21 +126,10 @@ Executable::Executable(const ModelConfig& config, Plan plan, KVCache& kv, Thread
     math_ = precise_ ? math_kernels_scalar() : math_kernels();
     tile_rows_ = precise_ ? 8 : tile_rows();
 
-    // RoPE inverse frequencies, computed as Hugging Face does (float32 pow), then divided by
-    // the per-pair factors of rope_freqs when the model has them; the local layers' base too.
-    const float* factors = nullptr;
-    for (const Op& op : plan_.ops) {
-        if (op.kind == OpKind::Rope && op.weight) factors = reinterpret_cast<const float*>(op.weight->data);
-        local_rope_ |= op.kind == OpKind::Rope && op.local_rope;
-    }
+    // RoPE inverse frequencies (the local layers' base too, where the plan has local layers).
+    for (const Op& op : plan_.ops) local_rope_ |= op.kind == OpKind::Rope && op.local_rope;
     for (int b = 0; b < (local_rope_ ? 2 : 1); ++b) {
-        const float base = b == 1 && c_.rope_base_swa > 0 ? c_.rope_base_swa : c_.rope_base;
-        inv_freq_[b].resize(static_cast<size_t>(c_.rope_dim / 2));
-        for (int64_t i = 0; i < c_.rope_dim / 2; ++i) {
-            const float exponent = static_cast<float>(2 * i) / static_cast<float>(c_.rope_dim);
-            inv_freq_[b][i] = 1.0f / std::pow(base, exponent);
-            if (factors) inv_freq_[b][i] /= factors[i];
-        }
+        inv_freq_[b] = rope_inv_freq(c_, plan_, b == 1);
         rope_cos_[b].assign(static_cast<size_t>(plan_.max_tokens * (c_.rope_dim / 2)), 0.0f);
         rope_sin_[b].assign(rope_cos_[b].size(), 0.0f);
     }

@@ -16,22 +16,10 @@
 #include "cuda.h"
 #include "gemv.cuh"
 #include "quant_quarter.cuh"
+#include "warp.cuh"
 
 namespace edgerunner::cuda {
 namespace {
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-    return v;
-}
-
-// The activation of a gated feed-forward, as the CPU's math kernels compute it.
-__device__ __forceinline__ float gate_act(Glu glu, float g) {
-    if (glu == Glu::SiLU) return g / (1.0f + expf(-g));
-    const float y = 0.7978845608028654f * (g + 0.044715f * g * g * g);  // GELU, tanh form
-    return 0.5f * g * (1.0f + tanhf(y));
-}
 
 constexpr int kWarpsPerBlock = 4;
 

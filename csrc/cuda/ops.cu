@@ -8,15 +8,10 @@
 #include "ops.cuh"
 #include "edgerunner/quant_blocks.h"
 #include "quant_quarter.cuh"
+#include "warp.cuh"
 
 namespace edgerunner::cuda {
 namespace {
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-    return v;
-}
 
 // A KV slot in the cache's precision: value d of a slot, and a head's values stored into it
 // (a whole block of threads; q8_0 per 32 values by one warp: d = max|v| / 127, q = round(v / d),
@@ -50,10 +45,7 @@ struct Kv<KvType::Q8_0> {  // heads of a multiple of 32 values (checked at prepa
         const int lane = threadIdx.x % 32;
         for (int g = threadIdx.x / 32; g < n / 32; g += blockDim.x / 32) {
             const float v = x[32 * g + lane];
-            float amax = fabsf(v);
-#pragma unroll
-            for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
-            const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+            const float d = warp_max(fabsf(v)) / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
             block_q8_0& b = reinterpret_cast<block_q8_0*>(slot)[first / 32 + g];
             b.qs[lane] = static_cast<int8_t>(roundf(v * id));
             if (lane == 0) b.d = __float2half_rn(d);
@@ -239,10 +231,7 @@ struct GatedAct {
         allow_next();
         wait_inputs();
         for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < a.n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-            const float g = a.g[i];
-            const float act = a.glu == Glu::SiLU ? g / (1.0f + expf(-g))
-                                                 : 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-            a.g[i] = act * a.u[i];
+            a.g[i] = gate_act(a.glu, a.g[i]) * a.u[i];
         }
     }
 };

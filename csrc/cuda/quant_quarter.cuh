@@ -5,6 +5,7 @@
 #pragma once
 
 #include "quant_unit.cuh"
+#include "warp.cuh"
 
 namespace edgerunner::cuda {
 
@@ -18,10 +19,7 @@ static_assert(sizeof(QBlock) == 36, "QBlock layout");
 // A warp's 32 values (one per lane) into one block: d = max|v| / 127, q = round(v / d). Kernels
 // that produce a matmul's input call it as they write the row (RMSNorm, attention).
 __device__ __forceinline__ void quantize_block(float v, QBlock& out, int lane) {
-    float amax = fabsf(v);
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
-    const float d = amax / 127.0f;
+    const float d = warp_max(fabsf(v)) / 127.0f;
     out.q[lane] = static_cast<int8_t>(d > 0.0f ? __float2int_rn(v / d) : 0);
     if (lane == 0) out.d = d;
 }

@@ -10,7 +10,6 @@
 //   recorded          the whole one-token step captured once as a CUDA graph and replayed.
 // Prefill steps (several tokens) run eagerly in every mode.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -177,21 +176,10 @@ public:
         qbuf_ = device_alloc<uint8_t>(static_cast<size_t>(plan_.max_tokens * (widest_ / 32)) * qblock_bytes() + 256);  // GEMV reads whole 16 bytes
         block_ = device_alloc<uint8_t>(step_block_bytes(plan_.max_tokens));
         host_block_ = pinned_alloc<StepBlock>(step_block_bytes(plan_.max_tokens));
-        // RoPE inverse frequencies exactly as the CPU backend computes them (float32 pow), per
-        // base (the local layers' own, where the model has one), over the per-pair factors.
-        const float* factors = nullptr;
-        for (const Op& op : plan_.ops)
-            if (op.kind == OpKind::Rope && op.weight) factors = reinterpret_cast<const float*>(op.weight->data);
-        const int64_t half = c_.rope_dim / 2;
-        std::vector<float> inv(static_cast<size_t>(2 * half));
-        for (int b = 0; b < 2; ++b) {
-            const float base = b == 1 && c_.rope_base_swa > 0 ? c_.rope_base_swa : c_.rope_base;
-            for (int64_t i = 0; i < half; ++i) {
-                float& f = inv[static_cast<size_t>(b * half + i)];
-                f = 1.0f / std::pow(base, static_cast<float>(2 * i) / static_cast<float>(c_.rope_dim));
-                if (factors) f /= factors[i];
-            }
-        }
+        // RoPE inverse frequencies: the global base's, then the local layers' base's
+        std::vector<float> inv = rope_inv_freq(c_, plan_, false);
+        const std::vector<float> local = rope_inv_freq(c_, plan_, true);
+        inv.insert(inv.end(), local.begin(), local.end());
         inv_freq_ = device_alloc<float>(inv.size());
         ER_CUDA(cudaMemcpy(inv_freq_.get(), inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice));
         ER_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
