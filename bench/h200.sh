@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA figures of bench/NOTES.md, on the lent H200 (device tool), from the repository root:
-#   bench/h200.sh setup                   build the package with the CUDA backend into /tmp/site
+#   bench/h200.sh setup                   build the package with the CUDA backend (sm_90a only) into /tmp/site
 #   bench/h200.sh test                    the CUDA tests (backend ops, whole models, dispatch modes)
 #   bench/h200.sh models NAME...          random-weight GGUFs of real shapes into /tmp/m (NAME = PRESET-TYPE,
 #                                         e.g. llama-3.1-8b-Q4_0; presets and types of edgerunner.model_builder)
@@ -14,7 +14,7 @@ case "${1:-}" in
   setup)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
     CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -q \
-      -C cmake.define.EDGERUNNER_CUDA=ON -C build-dir=/tmp/b . ;;
+      -C cmake.define.EDGERUNNER_CUDA=ON -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -C build-dir=/tmp/b . ;;
   test)
     shift
     EDGERUNNER_TRUNCATED_SMOLLM2=$PWD/.whl/smollm2-2l.gguf timeout 400 python3 -m pytest -q -p no:cacheprovider \

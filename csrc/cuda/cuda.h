@@ -54,8 +54,11 @@ double copy_bandwidth(size_t n_bytes, int reps);
 bool gemv_supports(TensorType type);
 bool gemv_wants_q8(TensorType type);
 
-// y = W · x on the device, for the backend-ops tests and the kernel benchmarks: W is n_rows
-// rows of row_bytes raw blocks (n columns), x has n floats. Uploads, runs, reads back.
-std::vector<float> gemv(TensorType type, const uint8_t* rows, int64_t n_rows, size_t row_bytes, const float* x, int64_t n);
+// Y = W · X on the device, for the backend-ops tests and the kernel benchmarks: W is n_rows
+// rows of row_bytes raw blocks (n columns), X is n_tokens rows of n floats, Y n_tokens rows of
+// n_rows. The kernel the runner would pick for that many tokens (GEMV, or the tensor-core GEMM
+// from kGemmMinTokens on). Uploads, runs, reads back.
+std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, size_t row_bytes, const float* x, int64_t n_tokens,
+                          int64_t n);
 
 }  // namespace edgerunner::cuda

@@ -12,9 +12,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "async_copy.cuh"
 #include "check.cuh"
 #include "cuda.h"
 #include "gemv.cuh"
+#include "norm.cuh"
 #include "quant_quarter.cuh"
 #include "warp.cuh"
 
@@ -107,24 +109,6 @@ constexpr int kRing = 3;                   // chunk buffers per row
 constexpr int kSlots = 2;                  // rows per warp
 constexpr size_t kWeightSmem = static_cast<size_t>(kStagedWarps) * kRing * kSlots * kStageBytes;
 
-__device__ __forceinline__ void copy16(void* smem, const void* global) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global));
-}
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
-// Until at most kRing - 1 of this thread's copy groups are pending: the oldest has landed.
-__device__ __forceinline__ void wait_oldest() { asm volatile("cp.async.wait_group %0;" ::"n"(kRing - 1) : "memory"); }
-
-// Copy [begin, begin + bytes) into dst as 16-byte pieces from the 16-byte boundary at or below
-// begin (lanes `lane` of `lanes`); returns where begin landed.
-__device__ __forceinline__ const uint8_t* stage_copy(uint8_t* dst, const uint8_t* begin, size_t bytes, int lane, int lanes) {
-    const uintptr_t b = reinterpret_cast<uintptr_t>(begin);
-    const uintptr_t lo = b & ~uintptr_t{15}, hi = (b + bytes + 15) & ~uintptr_t{15};
-    for (uintptr_t off = 16 * static_cast<uintptr_t>(lane); off < hi - lo; off += 16 * static_cast<uintptr_t>(lanes))
-        copy16(dst + off, reinterpret_cast<const void*>(lo + off));
-    return dst + (b - lo);
-}
-
 template <TensorType T>
 struct GemvStaged {
     using Args = GemvArgs;
@@ -176,6 +160,7 @@ struct GemvStaged {
             commit();
         };
         for (int c = 0; c < kRing; ++c) issue(c);
+        if (a.norm.rows && blockIdx.x == 0) prefetch_l2(a.norm.w, static_cast<size_t>(a.norm.n) * sizeof(float), threadIdx.x, blockDim.x);
         wait_inputs();
         // the activations, once for the block's 16 rows (plain 16-byte loads: the copy groups
         // above stay the weights')
@@ -194,7 +179,7 @@ struct GemvStaged {
         const int k = lane % 4;
         if (row[0])
             for (int64_t c = 0; c < n_chunks; ++c) {
-                wait_oldest();  // this lane's pieces of chunk c have landed ...
+                wait_pending<kRing - 1>();  // this lane's pieces of chunk c have landed ...
                 __syncwarp();   // ... and every lane's
                 const int64_t units = min(chunk_blocks, n_blocks - c * chunk_blocks) * Q::kUnits;
                 const QBlock* x = xs + c * chunk_blocks * Q::kUnits;
@@ -209,19 +194,36 @@ struct GemvStaged {
                 issue(c + kRing);
             }
         const float v0 = warp_sum(sum[0]), v1 = warp_sum(sum[1]);
-        if (lane != 0 || !row[0]) return;
-        if (gated) {
-            a.part[0].y[r[0]] = gate_act(a.glu, v0) * v1;
-            return;
-        }
+        if (lane == 0 && row[0]) {
+            if (gated) {
+                a.part[0].y[r[0]] = gate_act(a.glu, v0) * v1;
+            } else {
 #pragma unroll
-        for (int s = 0; s < kSlots; ++s) {
-            if (!row[s]) continue;
-            float v = s == 0 ? v0 : v1;
-            if (const float* bias = field(a, part[s], &GemvPart::bias)) v += bias[r[s]];
-            float* out = field(a, part[s], &GemvPart::y) + r[s];
-            *out = a.accumulate ? *out + v : v;
+                for (int s = 0; s < kSlots; ++s) {
+                    if (!row[s]) continue;
+                    float v = s == 0 ? v0 : v1;
+                    if (const float* bias = field(a, part[s], &GemvPart::bias)) v += bias[r[s]];
+                    float* out = field(a, part[s], &GemvPart::y) + r[s];
+                    *out = a.accumulate ? *out + v : v;
+                }
+            }
         }
+        if (a.norm.rows) norm_in_last_block(a);
+    }
+
+    // The following RMSNorm, by whichever block finishes last: every block makes its stores
+    // visible and counts itself; the last one sees all of them (and resets the counter).
+    static_assert(kStagedWarps * 32 == kNormThreads, "the norm's threads");
+    static __device__ void norm_in_last_block(const Args& a) {
+        __shared__ bool last;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) last = atomicAdd(a.done, 1u) == gridDim.x - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        rms_norm_row(a.norm, 0);
+        if (threadIdx.x == 0) *a.done = 0;
     }
 
     static size_t smem(const GemvArgs& a) { return kWeightSmem + static_cast<size_t>(a.cols / 32) * sizeof(QBlock) + 32; }
@@ -317,6 +319,10 @@ bool gemv_wants_q8(TensorType type) {
     }
 }
 
+bool gemv_can_norm(TensorType type, const GemvArgs& args) {
+    return gemv_wants_q8(type) && args.n_tokens == 1 && args.norm.rows <= 1 && args.done != nullptr;
+}
+
 size_t qblock_bytes() { return sizeof(QBlock); }
 
 Launch quantize_activations(const QuantizeArgs& a) {
@@ -328,29 +334,34 @@ Launch gemv(TensorType type, const GemvArgs& args) {
     const LaunchFn fn = launcher(type);
     if (!fn) throw std::invalid_argument("the CUDA backend has no GEMV kernel for " + std::string(tensor_type_name(type)));
     if (args.cols % 32 != 0) throw std::invalid_argument("GEMV columns must be a multiple of 32");
+    if (args.norm.rows && !gemv_can_norm(type, args)) throw std::logic_error("this GEMV cannot run the RMSNorm after it");
+    if (gemm_supports(type, args)) return gemm(type, args);
     return fn(args);
 }
 
-std::vector<float> gemv(TensorType type, const uint8_t* rows, int64_t n_rows, size_t row_bytes, const float* x, int64_t n) {
+std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, size_t row_bytes, const float* x, int64_t n_tokens,
+                          int64_t n) {
+    const int64_t q_stride = (n / 32 + 3) / 4 * 4;  // QBlocks per token row, rows on 16-byte boundaries (as the runner's)
     auto w = device_alloc<uint8_t>(static_cast<size_t>(n_rows) * row_bytes + 256);  // kernels may read up to 15 bytes past a row
-    auto xd = device_alloc<float>(static_cast<size_t>(n));
-    auto yd = device_alloc<float>(static_cast<size_t>(n_rows));
-    auto xq = device_alloc<QBlock>(static_cast<size_t>(n / 32) + 8);
+    auto xd = device_alloc<float>(static_cast<size_t>(n_tokens * n));
+    auto yd = device_alloc<float>(static_cast<size_t>(n_tokens * n_rows));
+    auto xq = device_alloc<QBlock>(static_cast<size_t>(n_tokens * q_stride) + 8);
     ER_CUDA(cudaMemcpy(w.get(), rows, static_cast<size_t>(n_rows) * row_bytes, cudaMemcpyHostToDevice));
-    ER_CUDA(cudaMemcpy(xd.get(), x, static_cast<size_t>(n) * sizeof(float), cudaMemcpyHostToDevice));
+    ER_CUDA(cudaMemcpy(xd.get(), x, static_cast<size_t>(n_tokens * n) * sizeof(float), cudaMemcpyHostToDevice));
     GemvArgs args;
     args.part[0] = GemvPart{w.get(), nullptr, yd.get(), n_rows, n_rows};
     args.row_bytes = row_bytes;
     args.cols = n;
+    args.n_tokens = n_tokens;
     args.x = xd.get();
     args.x_stride = n;
     if (gemv_wants_q8(type)) {
-        enqueue(quantize_activations(QuantizeArgs{xd.get(), xq.get(), 1, n, n, n / 32}), nullptr, nullptr, false);
+        enqueue(quantize_activations(QuantizeArgs{xd.get(), xq.get(), n_tokens, n, n, q_stride}), nullptr, nullptr, false);
         args.xq = xq.get();
-        args.xq_stride = n / 32;
+        args.xq_stride = q_stride;
     }
     enqueue(gemv(type, args), nullptr, nullptr, false);
-    std::vector<float> y(static_cast<size_t>(n_rows));
+    std::vector<float> y(static_cast<size_t>(n_tokens * n_rows));
     ER_CUDA(cudaMemcpy(y.data(), yd.get(), y.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return y;
 }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "check.cuh"
+#include "norm.cuh"
 #include "ops.cuh"
 #include "edgerunner/quant_blocks.h"
 #include "quant_quarter.cuh"
@@ -70,42 +71,14 @@ struct Embed {
     }
 };
 
-// One block per row, about four values per thread (so every load of the row is in flight at
-// once): the sum of squares, then each warp writes (and quantizes) 32-value runs.
+// One block of kNormThreads per row (norm.cuh).
 struct RmsNorm {
     using Args = NormArgs;
     static __device__ void run(const Args& a) {
         allow_next();
         prefetch_l2(a.w, static_cast<size_t>(a.n) * sizeof(float), threadIdx.x, blockDim.x);  // a weight: before the wait
         wait_inputs();
-        __shared__ float partial[32];
-        const float* x = a.in + blockIdx.x * a.n;
-        float ss = 0.0f;
-#pragma unroll 4
-        for (int64_t i = threadIdx.x; i < a.n; i += blockDim.x) ss += x[i] * x[i];
-        ss = warp_sum(ss);
-        if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
-        __syncthreads();
-        if (threadIdx.x < 32) {
-            float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
-            v = warp_sum(v);
-            if (threadIdx.x == 0) partial[0] = v;
-        }
-        __syncthreads();
-        const float scale = 1.0f / sqrtf(partial[0] / static_cast<float>(a.n) + a.eps);
-        float* y = a.out + blockIdx.x * a.n;
-        const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
-#pragma unroll 4
-        for (int64_t b = threadIdx.x / 32; b < (a.n + 31) / 32; b += warps) {  // (in == out: each value read before written)
-            const int64_t i = 32 * b + lane;
-            float v = 0.0f;
-            if (i < a.n) {
-                v = (x[i] * scale) * a.w[i];
-                if (a.accumulate) v += y[i];
-                y[i] = v;
-            }
-            if (a.q) quantize_block(v, a.q[blockIdx.x * a.q_stride + b], lane);
-        }
+        rms_norm_row(a, blockIdx.x);
     }
 };
 
@@ -253,8 +226,7 @@ Launch embed(TensorType type, const EmbedArgs& a) {
 
 Launch rms_norm(const NormArgs& a) {
     if (a.q && a.n % 32 != 0) throw std::invalid_argument("quantized RMSNorm rows must be a multiple of 32 wide");
-    const unsigned threads = static_cast<unsigned>(std::min<int64_t>(1024, std::max<int64_t>(32, (a.n / 4 + 31) / 32 * 32)));
-    return make_launch<RmsNorm>(dim3(static_cast<unsigned>(a.rows)), dim3(threads), a);
+    return make_launch<RmsNorm>(dim3(static_cast<unsigned>(a.rows)), dim3(kNormThreads), a);
 }
 
 Launch rope_kv(KvType kv, const RopeKvArgs& a) {

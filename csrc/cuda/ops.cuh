@@ -29,19 +29,7 @@ struct EmbedArgs {
 };
 Launch embed(TensorType type, const EmbedArgs& a);
 
-// out[r] = in[r] / rms(in[r]) · w (or out[r] += that: a post-norm into the residual) for `rows`
-// contiguous rows of n values (in == out allowed); with q, each written row is also quantized
-// for the matmuls that read it.
-struct NormArgs {
-    const float* in;
-    const float* w;
-    float* out;
-    int64_t rows, n;
-    float eps;
-    bool accumulate;
-    QBlock* q;           // or null
-    int64_t q_stride;    // blocks between rows of q
-};
+// The RMSNorm of NormArgs (gemv.cuh) as a kernel of its own: one block per row.
 Launch rms_norm(const NormArgs& a);
 
 // Rotate each head of Q and K at the step's positions; with k_cache, then store the rotated K

@@ -24,24 +24,25 @@ void bind_cuda(nb::module_& m) {
         nb::gil_scoped_release release;
         return cuda::copy_bandwidth(n_bytes, reps);
     }, nb::arg("n_bytes") = size_t(1) << 30, nb::arg("reps") = 5, "Device-to-device copy bandwidth, GB/s (read + write).");
-    m.def("cuda_gemv", [](uint32_t type_id, nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig> rows,
-                          nb::ndarray<const float, nb::ndim<1>, nb::c_contig> x) {
+    m.def("cuda_matmul", [](uint32_t type_id, nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig> rows,
+                            nb::ndarray<const float, nb::ndim<2>, nb::c_contig> x) {
         auto info = tensor_type_info(type_id);
         if (!info) throw std::invalid_argument("unknown tensor type id " + std::to_string(type_id));
-        const int64_t n = static_cast<int64_t>(x.shape(0));
-        if (n % info->block_size != 0 || rows.shape(1) != static_cast<size_t>(n / info->block_size * info->type_size))
+        const int64_t n_tokens = static_cast<int64_t>(x.shape(0)), n = static_cast<int64_t>(x.shape(1));
+        if (n_tokens < 1 || n % info->block_size != 0 || rows.shape(1) != static_cast<size_t>(n / info->block_size * info->type_size))
             throw std::invalid_argument("rows and x sizes do not match the type's blocks");
         std::vector<float> y;
         {
             nb::gil_scoped_release release;
-            y = cuda::gemv(info->type, rows.data(), static_cast<int64_t>(rows.shape(0)), rows.shape(1), x.data(), n);
+            y = cuda::matmul(info->type, rows.data(), static_cast<int64_t>(rows.shape(0)), rows.shape(1), x.data(), n_tokens, n);
         }
         float* out = new float[y.size()];
         std::copy(y.begin(), y.end(), out);
         nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
-        size_t shape[1] = {y.size()};
-        return nb::ndarray<nb::numpy, float, nb::ndim<1>>(out, 1, shape, owner);
-    }, nb::arg("type_id"), nb::arg("rows"), nb::arg("x"), "y = W x on the CUDA device (W in its raw blocks).");
+        size_t shape[2] = {static_cast<size_t>(n_tokens), rows.shape(0)};
+        return nb::ndarray<nb::numpy, float, nb::ndim<2>>(out, 2, shape, owner);
+    }, nb::arg("type_id"), nb::arg("rows"), nb::arg("x"),
+       "Y = X W^T on the CUDA device (W in its raw blocks, X one row per token): the kernel the engine picks for that many tokens.");
     m.def("cuda_gemv_int8", [](uint32_t type_id) {
         auto info = tensor_type_info(type_id);
         if (!info) throw std::invalid_argument("unknown tensor type id " + std::to_string(type_id));
