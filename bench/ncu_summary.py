@@ -2,8 +2,13 @@
 (the first warms up; the second half of the kernels is summarised per kernel):
 
     ncu --clock-control none --csv --page raw --metrics gpu__time_duration.sum,dram__bytes_read.sum \
-        python3 -c "...load a model with backend='cuda', eval one token, append one..." > k.csv
+        python3 bench/decode_once.py FILE > k.csv
     python3 bench/ncu_summary.py k.csv
+
+or where a prefill's goes: profile only its kernels and summarise them all,
+
+    ncu --launch-count 300 ... python3 bench/decode_once.py FILE eager 512 > p.csv
+    python3 bench/ncu_summary.py p.csv all
 
 Durations are in ncu's unit (ns); "B/unit" is DRAM bytes read per ns = GB/s.
 """
@@ -14,7 +19,7 @@ data = []
 for r in rows:
     if 'Kernel Name' in r: hdr = r; continue
     if hdr and len(r) == len(hdr): data.append(dict(zip(hdr, r)))
-half = data[len(data)//2:]  # the decode step (the second of two one-token steps)
+half = data if sys.argv[2:] == ['all'] else data[len(data)//2:]  # the decode step (the second of two one-token steps)
 agg = collections.defaultdict(lambda: [0, 0.0, 0.0])
 for d in half:
     name = re.sub(r'\(.*', '', d['Kernel Name'])[:90]

@@ -16,7 +16,6 @@
 #include "check.cuh"
 #include "cuda.h"
 #include "gemv.cuh"
-#include "norm.cuh"
 #include "quant_quarter.cuh"
 #include "warp.cuh"
 
@@ -160,7 +159,6 @@ struct GemvStaged {
             commit();
         };
         for (int c = 0; c < kRing; ++c) issue(c);
-        if (a.norm.rows && blockIdx.x == 0) prefetch_l2(a.norm.w, static_cast<size_t>(a.norm.n) * sizeof(float), threadIdx.x, blockDim.x);
         wait_inputs();
         // the activations, once for the block's 16 rows (plain 16-byte loads: the copy groups
         // above stay the weights')
@@ -208,22 +206,6 @@ struct GemvStaged {
                 }
             }
         }
-        if (a.norm.rows) norm_in_last_block(a);
-    }
-
-    // The following RMSNorm, by whichever block finishes last: every block makes its stores
-    // visible and counts itself; the last one sees all of them (and resets the counter).
-    static_assert(kStagedWarps * 32 == kNormThreads, "the norm's threads");
-    static __device__ void norm_in_last_block(const Args& a) {
-        __shared__ bool last;
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) last = atomicAdd(a.done, 1u) == gridDim.x - 1;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        rms_norm_row(a.norm, 0);
-        if (threadIdx.x == 0) *a.done = 0;
     }
 
     static size_t smem(const GemvArgs& a) { return kWeightSmem + static_cast<size_t>(a.cols / 32) * sizeof(QBlock) + 32; }
@@ -319,10 +301,6 @@ bool gemv_wants_q8(TensorType type) {
     }
 }
 
-bool gemv_can_norm(TensorType type, const GemvArgs& args) {
-    return gemv_wants_q8(type) && args.n_tokens == 1 && args.norm.rows <= 1 && args.done != nullptr;
-}
-
 size_t qblock_bytes() { return sizeof(QBlock); }
 
 Launch quantize_activations(const QuantizeArgs& a) {
@@ -334,7 +312,6 @@ Launch gemv(TensorType type, const GemvArgs& args) {
     const LaunchFn fn = launcher(type);
     if (!fn) throw std::invalid_argument("the CUDA backend has no GEMV kernel for " + std::string(tensor_type_name(type)));
     if (args.cols % 32 != 0) throw std::invalid_argument("GEMV columns must be a multiple of 32");
-    if (args.norm.rows && !gemv_can_norm(type, args)) throw std::logic_error("this GEMV cannot run the RMSNorm after it");
     if (gemm_supports(type, args)) return gemm(type, args);
     return fn(args);
 }

@@ -13,20 +13,6 @@ namespace edgerunner::cuda {
 
 struct QBlock;  // int8 activations (quant_quarter.cuh)
 
-// out[r] = in[r] / rms(in[r]) · w (or out[r] += that: a post-norm into the residual) for `rows`
-// contiguous rows of n values (in == out allowed); with q, each written row is also quantized
-// for the matmuls that read it.
-struct NormArgs {
-    const float* in;
-    const float* w;
-    float* out;
-    int64_t rows, n;
-    float eps;
-    bool accumulate;
-    QBlock* q;           // or null
-    int64_t q_stride;    // blocks between rows of q
-};
-
 // One weight matrix of a fused GEMV: its rows are numbered after the previous part's.
 struct GemvPart {
     const uint8_t* w = nullptr;  // rows × row_bytes raw blocks
@@ -52,17 +38,11 @@ struct GemvArgs {
     const QBlock* xq = nullptr;  // x quantized (types where gemv_wants_q8), xq_stride blocks apart
     int64_t xq_stride = 0;
     bool accumulate = false;
-    // One token (gemv_can_norm): then the RMSNorm of one row that follows, run by the block that
-    // finishes last, so it needs no launch of its own. norm.rows == 0: none.
-    NormArgs norm{};
-    unsigned* done = nullptr;  // device counter of finished blocks, zero between launches
 };
 
 // Picks the kernel: the tensor-core GEMM (gemm.cu) for chunks of kGemmMinTokens tokens or more
 // where it applies, else a GEMV (one token, or eight tokens per weight load).
 Launch gemv(TensorType type, const GemvArgs& args);
-// Whether gemv(type, args) takes a following RMSNorm (GemvArgs::norm): the one-token int8 GEMV.
-bool gemv_can_norm(TensorType type, const GemvArgs& args);
 
 // The tensor-core GEMM: int8 formats, int8 activations whose rows start on 16-byte boundaries
 // (xq and xq_stride · sizeof(QBlock) multiples of 16).

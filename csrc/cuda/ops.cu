@@ -5,7 +5,6 @@
 #include <string>
 
 #include "check.cuh"
-#include "norm.cuh"
 #include "ops.cuh"
 #include "edgerunner/quant_blocks.h"
 #include "quant_quarter.cuh"
@@ -71,14 +70,42 @@ struct Embed {
     }
 };
 
-// One block of kNormThreads per row (norm.cuh).
+// One block per row, about four values per thread (so every load of the row is in flight at
+// once): the sum of squares, then each warp writes (and quantizes) 32-value runs.
 struct RmsNorm {
     using Args = NormArgs;
     static __device__ void run(const Args& a) {
         allow_next();
         prefetch_l2(a.w, static_cast<size_t>(a.n) * sizeof(float), threadIdx.x, blockDim.x);  // a weight: before the wait
         wait_inputs();
-        rms_norm_row(a, blockIdx.x);
+        __shared__ float partial[32];
+        const float* x = a.in + blockIdx.x * a.n;
+        float ss = 0.0f;
+#pragma unroll 4
+        for (int64_t i = threadIdx.x; i < a.n; i += blockDim.x) ss += x[i] * x[i];
+        ss = warp_sum(ss);
+        if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+            v = warp_sum(v);
+            if (threadIdx.x == 0) partial[0] = v;
+        }
+        __syncthreads();
+        const float scale = 1.0f / sqrtf(partial[0] / static_cast<float>(a.n) + a.eps);
+        float* y = a.out + blockIdx.x * a.n;
+        const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+#pragma unroll 4
+        for (int64_t b = threadIdx.x / 32; b < (a.n + 31) / 32; b += warps) {  // (in == out: each value read before written)
+            const int64_t i = 32 * b + lane;
+            float v = 0.0f;
+            if (i < a.n) {
+                v = (x[i] * scale) * a.w[i];
+                if (a.accumulate) v += y[i];
+                y[i] = v;
+            }
+            if (a.q) quantize_block(v, a.q[blockIdx.x * a.q_stride + b], lane);
+        }
     }
 };
 
@@ -198,6 +225,99 @@ struct Attention {
     }
 };
 
+// Prefill (chunks of kTiledMinTokens tokens or more): one block per (run of tokens, KV head),
+// one warp per query row (token, head of that KV head's group), 16 rows per block. The block
+// walks the keys its rows see in tiles of 32 staged in shared memory as floats, so each key and
+// value is read once per block rather than once per row; within a tile lane j scores key j, the
+// running max and sum are updated once per tile, and the weights are broadcast to the lanes that
+// hold the output dimensions (l, l + 32, ...).
+constexpr int kTileKeys = 32, kTileRows = 16;
+
+template <KvType K>
+struct TiledAttention {
+    using Args = AttentionArgs;
+    static __device__ void run(const Args& a) {
+        extern __shared__ float smem[];
+        allow_next();
+        wait_inputs();
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        const int hd = a.head_dim, group = a.n_head / a.n_head_kv;
+        const int per_block = kTileRows / group;  // tokens per block (group ≤ kTileRows)
+        const int64_t t0 = static_cast<int64_t>(blockIdx.x) * per_block;
+        const int64_t t_last = min(t0 + per_block, a.n_tokens) - 1;
+        const int g = blockIdx.y;
+        const int64_t t = t0 + warp / group;
+        const int h = g * group + warp % group;
+        const bool active = warp < per_block * group && t <= t_last;
+        const int64_t pos = *a.pos0 + t;
+        const int64_t start = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+        const int64_t first_pos = *a.pos0 + t0;
+        const int64_t lo = a.window > 0 && first_pos - a.window + 1 > 0 ? first_pos - a.window + 1 : 0, hi = *a.pos0 + t_last;
+        const int64_t head_off = static_cast<int64_t>(g) * hd;
+        const int ks = hd + 1;  // K rows padded: lane j reads row j without bank conflicts
+        float* kt = smem;                     // kTileKeys × ks
+        float* vt = kt + kTileKeys * ks;      // kTileKeys × hd
+        float* qs = vt + kTileKeys * hd;      // kTileRows × hd, pre-scaled by 1/√d
+        const float scale = rsqrtf(static_cast<float>(hd));
+        if (active)
+            for (int d = lane; d < hd; d += 32) qs[warp * hd + d] = a.q[(t * a.n_head + h) * hd + d] * scale;
+
+        float acc[kMaxDims] = {};
+        float m = -FLT_MAX, l = 0.0f;
+        for (int64_t p0 = lo; p0 <= hi; p0 += kTileKeys) {
+            __syncthreads();  // the previous tile is consumed (and the queries are in)
+            for (int j = warp; j < kTileKeys && p0 + j <= hi; j += kTileRows) {  // a warp per key
+                const int64_t slot = (p0 + j) % a.capacity;
+                for (int d = lane; d < hd; d += 32) {
+                    kt[j * ks + d] = Kv<K>::load(a.k_cache + slot * a.slot_bytes, static_cast<int>(head_off) + d);
+                    vt[j * hd + d] = Kv<K>::load(a.v_cache + slot * a.slot_bytes, static_cast<int>(head_off) + d);
+                }
+            }
+            __syncthreads();
+            if (!active) continue;
+            const int64_t p = p0 + lane;
+            const bool seen = p >= start && p <= pos;
+            float sc = -FLT_MAX;
+            if (seen) {
+                const float* q = qs + warp * hd;
+                const float* k = kt + lane * ks;
+                float dot[4] = {};  // four chains of multiply-adds in flight
+                int d = 0;
+                for (; d + 4 <= hd; d += 4)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) dot[c] += q[d + c] * k[d + c];
+                for (; d < hd; ++d) dot[0] += q[d] * k[d];
+                sc = (dot[0] + dot[1]) + (dot[2] + dot[3]);
+            }
+            const float m_new = fmaxf(m, warp_max(sc));
+            const float e = seen ? __expf(sc - m_new) : 0.0f, corr = __expf(m - m_new);
+            l = l * corr + warp_sum(e);
+#pragma unroll
+            for (int i = 0; i < kMaxDims; ++i) acc[i] *= corr;
+            for (int j = 0; j < kTileKeys; ++j) {
+                const float w = __shfl_sync(0xFFFFFFFFu, e, j);
+                if (w == 0.0f) continue;  // masked (uniform across the warp)
+#pragma unroll
+                for (int i = 0; i < kMaxDims; ++i)
+                    if (lane + 32 * i < hd) acc[i] += w * vt[j * hd + lane + 32 * i];
+            }
+            m = m_new;
+        }
+        if (!active) return;
+        float* out = a.out + (t * a.n_head + h) * hd;
+#pragma unroll
+        for (int i = 0; i < kMaxDims; ++i) {
+            const int d = lane + 32 * i;
+            if (32 * i >= hd) break;
+            const float v = d < hd ? acc[i] / l : 0.0f;
+            if (d < hd) out[d] = v;
+            if (a.q_out) quantize_block(v, a.q_out[t * a.q_stride + (static_cast<int64_t>(h) * hd) / 32 + i], lane);
+        }
+    }
+
+    static size_t smem(int head_dim) { return sizeof(float) * (kTileKeys * (head_dim + 1) + kTileKeys * head_dim + kTileRows * head_dim); }
+};
+
 struct GatedAct {
     using Args = GluArgs;
     static __device__ void run(const Args& a) {
@@ -226,7 +346,8 @@ Launch embed(TensorType type, const EmbedArgs& a) {
 
 Launch rms_norm(const NormArgs& a) {
     if (a.q && a.n % 32 != 0) throw std::invalid_argument("quantized RMSNorm rows must be a multiple of 32 wide");
-    return make_launch<RmsNorm>(dim3(static_cast<unsigned>(a.rows)), dim3(kNormThreads), a);
+    const unsigned threads = static_cast<unsigned>(std::min<int64_t>(1024, std::max<int64_t>(32, (a.n / 4 + 31) / 32 * 32)));
+    return make_launch<RmsNorm>(dim3(static_cast<unsigned>(a.rows)), dim3(threads), a);
 }
 
 Launch rope_kv(KvType kv, const RopeKvArgs& a) {
@@ -239,9 +360,27 @@ Launch rope_kv(KvType kv, const RopeKvArgs& a) {
     throw std::logic_error("KV type");
 }
 
+template <class K>
+Launch tiled(dim3 grid, dim3 block, const AttentionArgs& a, size_t smem) {
+    static const bool sized = allow_smem<K>(K::smem(32 * kMaxDims));
+    (void)sized;
+    return make_launch<K>(grid, block, a, smem);
+}
+
 Launch attention(KvType kv, const AttentionArgs& a) {
     if (a.head_dim > 32 * kMaxDims) throw std::invalid_argument("the CUDA attention kernel takes head sizes up to 256");
     if (a.q_out && a.head_dim % 32 != 0) throw std::invalid_argument("quantized attention output needs head sizes that are multiples of 32");
+    const int64_t group = a.n_head / a.n_head_kv;
+    if (a.n_tokens >= kTiledMinTokens && group <= kTileRows) {
+        const int64_t per_block = kTileRows / group;
+        const dim3 grid(static_cast<unsigned>((a.n_tokens + per_block - 1) / per_block), static_cast<unsigned>(a.n_head_kv)), block(32 * kTileRows);
+        const size_t smem = TiledAttention<KvType::F16>::smem(a.head_dim);
+        switch (kv) {
+            case KvType::F16: return tiled<TiledAttention<KvType::F16>>(grid, block, a, smem);
+            case KvType::F32: return tiled<TiledAttention<KvType::F32>>(grid, block, a, smem);
+            case KvType::Q8_0: return tiled<TiledAttention<KvType::Q8_0>>(grid, block, a, smem);
+        }
+    }
     const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head)), block(32 * kWarps);
     switch (kv) {
         case KvType::F16: return make_launch<Attention<KvType::F16>>(grid, block, a);

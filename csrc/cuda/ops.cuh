@@ -29,7 +29,19 @@ struct EmbedArgs {
 };
 Launch embed(TensorType type, const EmbedArgs& a);
 
-// The RMSNorm of NormArgs (gemv.cuh) as a kernel of its own: one block per row.
+// out[r] = in[r] / rms(in[r]) · w (or out[r] += that: a post-norm into the residual) for `rows`
+// contiguous rows of n values (in == out allowed); with q, each written row is also quantized
+// for the matmuls that read it.
+struct NormArgs {
+    const float* in;
+    const float* w;
+    float* out;
+    int64_t rows, n;
+    float eps;
+    bool accumulate;
+    QBlock* q;           // or null
+    int64_t q_stride;    // blocks between rows of q
+};
 Launch rms_norm(const NormArgs& a);
 
 // Rotate each head of Q and K at the step's positions; with k_cache, then store the rotated K
@@ -65,7 +77,10 @@ struct AttentionArgs {
     size_t slot_bytes;
     int32_t n_head, n_head_kv, head_dim;
 };
-// Causal softmax(q kᵀ / √d) v with an online softmax: no score matrix is stored.
+// Causal softmax(q kᵀ / √d) v with an online softmax: no score matrix is stored. Steps of
+// kTiledMinTokens tokens or more share each key and value among the query rows of a block; smaller
+// ones (decode) spread one row's keys over the warps of a block.
+constexpr int64_t kTiledMinTokens = 16;
 Launch attention(KvType kv, const AttentionArgs& a);
 
 // g = act(g) · u over n values (when gate and up could not be fused into one GEMV).

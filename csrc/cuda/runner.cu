@@ -8,10 +8,9 @@
 //   argument_buffers  every launch's arguments written once into a device table; each step
 //                     launches the same kernels pointing at their table entries;
 //   recorded          the whole one-token step captured once as a CUDA graph and replayed.
-// In a one-token step, an RMSNorm that follows a GEMV runs in that GEMV's last block. Prefill
-// steps (several tokens) run eagerly in every mode; their int8 matmuls take the tensor-core GEMM.
+// Prefill steps (several tokens) run eagerly in every mode; their int8 matmuls take the
+// tensor-core GEMM (gemm.cu).
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -175,8 +174,6 @@ public:
         }
         arena_ = device_alloc<float>(total);
         sample_scratch_ = device_alloc<double>(static_cast<size_t>(c_.n_vocab));
-        done_ = device_alloc<unsigned>(steps_.size());
-        ER_CUDA(cudaMemset(done_.get(), 0, steps_.size() * sizeof(unsigned)));
         qbuf_ = device_alloc<uint8_t>(static_cast<size_t>(plan_.max_tokens * q_stride()) * qblock_bytes() + 256);  // GEMV reads whole 16 bytes
         block_ = device_alloc<uint8_t>(step_block_bytes(plan_.max_tokens));
         host_block_ = pinned_alloc<StepBlock>(step_block_bytes(plan_.max_tokens));
@@ -315,9 +312,6 @@ private:
     std::shared_ptr<DeviceKv> kv_;
     Dispatch dispatch_;
     bool overlap_;  // programmatic dependent launch between kernels
-    // RMSNorms in the last block of the GEMV before them (one-token steps); EDGERUNNER_CUDA_FOLD_NORMS=0
-    // turns it off, for measurements
-    bool fold_norms_ = !(std::getenv("EDGERUNNER_CUDA_FOLD_NORMS") && std::string(std::getenv("EDGERUNNER_CUDA_FOLD_NORMS")) == "0");
     std::vector<Step> steps_;
     size_t offset_[kBufCount] = {};
     int64_t width_[kBufCount] = {};
@@ -328,7 +322,6 @@ private:
     std::unique_ptr<StepBlock, FreeHost> host_block_;  // its pinned staging copy
     std::unique_ptr<float, FreeHost> logits_;
     DevicePtr<double> sample_scratch_;  // the sampler's weights, n_vocab
-    DevicePtr<unsigned> done_;          // per step: a GEMV's finished blocks (for the RMSNorm it runs after it)
     cudaStream_t stream_ = nullptr;
     std::vector<Launch> launches_;       // eager: this step's launches (capacity kept)
     cudaGraphExec_t graph_[2] = {};      // recorded: the one-token step ending in logits / a drawn token
@@ -410,24 +403,20 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out) const {
     out->clear();
     const int64_t n = in.n_tokens;
     StepBlock* b = device_block();
-    // tail ops (final norm, LM head) only for the rows whose logits are wanted
-    auto first_row = [&](const Op& op) { return op.tail && !in.logits_out ? n - 1 : 0; };
-    auto norm_args = [&](const Step& s) {
+    for (const Step& s : steps_) {
         const Op& op = s.op;
-        const int64_t first = first_row(op);
-        return NormArgs{row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first), n - first, width(op.in),
-                        c_.norm_eps, op.accumulate, s.q_out ? qrow(first) : nullptr, q_stride()};
-    };
-    for (size_t i = 0; i < steps_.size(); ++i) {
-        const Step& s = steps_[i];
-        const Op& op = s.op;
-        const int64_t first = first_row(op);
+        // tail ops (final norm, LM head) only for the rows whose logits are wanted
+        const int64_t first = op.tail && !in.logits_out ? n - 1 : 0;
         switch (s.kind) {
             case Step::Embed:
                 out->push_back(embed(op.weight->type, EmbedArgs{(*w_)(op.weight), op.weight->row_bytes, op.weight->cols, b->tokens, n,
                                                                  row(Buf::X, 0), op.scale}));
                 break;
-            case Step::Norm: out->push_back(rms_norm(norm_args(s))); break;
+            case Step::Norm:
+                out->push_back(rms_norm(NormArgs{row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first),
+                                                 n - first, width(op.in), c_.norm_eps, op.accumulate, s.q_out ? qrow(first) : nullptr,
+                                                 q_stride()}));
+                break;
             case Step::HeadNorm:
                 out->push_back(rms_norm(NormArgs{row(op.in, 0), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.in, 0),
                                                  n * op.heads, c_.head_dim, c_.norm_eps, false, nullptr, 0}));
@@ -451,13 +440,6 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out) const {
                 a.xq = qrow(first);
                 a.xq_stride = q_stride();
                 a.accumulate = op.accumulate;
-                // one token: the RMSNorm right after runs in this GEMV's last block
-                if (fold_norms_ && i + 1 < steps_.size() && steps_[i + 1].kind == Step::Norm) {
-                    a.norm = norm_args(steps_[i + 1]);
-                    a.done = done_.get() + i;
-                    if (a.norm.rows == 1 && gemv_can_norm(w.type, a)) ++i;
-                    else a.norm = NormArgs{}, a.done = nullptr;
-                }
                 out->push_back(gemv(w.type, a));
                 break;
             }
