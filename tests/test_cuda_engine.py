@@ -131,6 +131,38 @@ def test_cuda_dispatch_modes_give_identical_logits(tmp_path):
         assert d == drawn[0]
 
 
+def test_cuda_chained_generation_equals_step_by_step(tmp_path):
+    """generate() with recorded dispatch keeps three decode steps in flight, each fed the previous
+    one's draw on the device; eager dispatch draws on the device too but waits for each token.
+    Both give the same tokens, the same cache contents (session tokens) and the same final
+    logits bit for bit: over a full run, a stop token met mid-chain (steps already in flight past
+    it are dropped and the last kept token's logits recomputed), and a context that fills up."""
+    from edgerunner.model_builder import write_random_model
+
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=4)
+    ids = prompt(np.random.default_rng(2), 9)
+    results = {}
+    for dispatch in ("eager", "recorded"):
+        model = _core.Model.load(str(path), backend="cuda", dispatch=dispatch, n_ctx=len(ids) + 12)
+        runs = []
+        for max_tokens, stop in ((10, None), (10, "mid"), (30, None)):
+            s = _core.Session(model)
+            s.eval(ids)
+            stops = [] if stop is None else [results["eager"][0][0][5]] if dispatch == "recorded" else [runs[0][0][5]]
+            out = s.generate(_core.Sampler(model.config["n_vocab"], seed=11, temperature=0.9), max_tokens, stops)
+            runs.append((out, list(s.tokens), s.logits().copy()))
+        results[dispatch] = runs
+    for (a_out, a_tokens, a_logits), (b_out, b_tokens, b_logits) in zip(results["eager"], results["recorded"]):
+        assert a_out == b_out
+        assert a_tokens == b_tokens
+        assert np.array_equal(a_logits, b_logits)
+    full, stopped, filled = results["recorded"]
+    assert len(full[0]) == 10 and len(full[1]) == len(ids) + 10
+    assert stopped[0][-1] == full[0][5] and len(stopped[1]) == len(ids) + len(stopped[0]) - 1
+    assert len(filled[1]) == len(ids) + 12  # the context is full
+
+
 GEMMA3 = [("F32", {}), ("Q8_0", dict(n_kv_heads=2)), ("Q4_K", dict(dim=256, ffn_dim=512))]
 
 

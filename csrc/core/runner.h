@@ -31,6 +31,18 @@ public:
     virtual int64_t max_tokens() const = 0;
     virtual bool can_sample(const SamplingParams&) const { return false; }
     virtual void fetch_logits() {}  // after sampled steps: the last logits into logits()
+
+    // Chained decode (runners whose chain_depth() > 0; params as can_sample allows): one-token
+    // sampled steps whose input is the previous chained step's drawn token, fed on the device,
+    // so up to chain_depth() of them are in flight while the host reads the oldest's token.
+    // chain_push enqueues a step (first_token: its input, for the first step of a chain; null:
+    // the previous step's draw) and returns at once; chain_pop waits for the oldest pending step
+    // and returns its drawn token; chain_end waits for every pending step. The last pushed step
+    // leaves its logits on the device (fetch_logits).
+    virtual int chain_depth() const { return 0; }
+    virtual void chain_push(int64_t /*pos*/, const SamplingParams& /*params*/, uint64_t /*sample_step*/, const int32_t* /*first_token*/) {}
+    virtual int32_t chain_pop() { return 0; }
+    virtual void chain_end() {}
 };
 
 }  // namespace edgerunner

@@ -333,6 +333,10 @@ std::vector<int32_t> Session::generate(Sampler& sampler, int64_t max_tokens, con
     std::vector<int32_t> out;
     out.reserve(static_cast<size_t>(std::max<int64_t>(0, max_tokens)));
     int32_t tok = max_tokens > 0 ? sample(sampler) : 0;
+    Impl& s = *impl_;
+    if (max_tokens > 1 && s.decode->chain_depth() > 0 && s.decode->can_sample(sampler.params()) &&
+        sampler.n_vocab() == s.model->config().n_vocab)
+        return generate_chained(sampler.params(), tok, max_tokens, stop_ids);
     for (int64_t i = 0; i < max_tokens; ++i) {
         out.push_back(tok);
         if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) break;
@@ -340,6 +344,54 @@ std::vector<int32_t> Session::generate(Sampler& sampler, int64_t max_tokens, con
         if (i + 1 == max_tokens) append(tok);
         else tok = append_sampled(tok, sampler);  // on a GPU: the next token drawn on the device
     }
+    return out;
+}
+
+// generate()'s loop with the draws chained on the device: the same tokens, steps and final state
+// (tokens appended, logits of the last appended token), but the runner keeps several steps in
+// flight, each fed its input by the previous one's draw, while the host checks the oldest's.
+std::vector<int32_t> Session::generate_chained(const SamplingParams& params, int32_t first, int64_t max_tokens,
+                                               const std::vector<int32_t>& stop_ids) {
+    Impl& s = *impl_;
+    auto stops = [&](int32_t t) { return std::find(stop_ids.begin(), stop_ids.end(), t) != stop_ids.end(); };
+    std::vector<int32_t> out{first};
+    if (stops(first) || static_cast<int64_t>(s.tokens.size()) >= n_ctx()) return out;
+    // step k (1 … limit) appends out[k - 1] at position base + k − 1 and draws out[k]
+    const int64_t base = static_cast<int64_t>(s.tokens.size());
+    const int64_t limit = std::min<int64_t>(max_tokens - 1, n_ctx() - base);
+    int64_t pushed = 0, popped = 0;
+    auto push = [&] {
+        s.decode->chain_push(base + pushed, params, static_cast<uint64_t>(base + pushed + 1), pushed == 0 ? &first : nullptr);
+        ++pushed;
+    };
+    while (pushed < std::min<int64_t>(limit, s.decode->chain_depth())) push();
+    bool stopped = false;
+    try {
+        while (popped < pushed) {
+            const int32_t next = s.decode->chain_pop();
+            s.tokens.push_back(out.back());
+            ++popped;
+            out.push_back(next);
+            if (stops(next)) {
+                stopped = true;
+                break;
+            }
+            if (pushed < limit) push();
+        }
+        s.decode->chain_end();
+    } catch (...) {
+        s.decode->chain_end();
+        throw;
+    }
+    s.logits = nullptr;
+    s.logits_on_device = true;
+    if (pushed > popped) {  // steps past the stop token ran too: the last kept step's logits again
+        const int32_t last = s.tokens.back();
+        s.tokens.pop_back();
+        s.process(&last, 1, nullptr);
+    }
+    if (!stopped && static_cast<int64_t>(out.size()) == max_tokens && static_cast<int64_t>(s.tokens.size()) < n_ctx())
+        append(out.back());
     return out;
 }
 

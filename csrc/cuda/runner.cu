@@ -7,10 +7,12 @@
 //   eager             the launches' arguments encoded and launched every step;
 //   argument_buffers  every launch's arguments written once into a device table; each step
 //                     launches the same kernels pointing at their table entries;
-//   recorded          the whole one-token step captured once as a CUDA graph and replayed.
+//   recorded          the whole one-token step captured once as a CUDA graph and replayed;
+//                     generation chains three sampled steps in flight (chain_push / chain_pop).
 // Prefill steps (several tokens) run eagerly in every mode; their int8 matmuls take the
 // tensor-core GEMM (gemm.cu).
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -184,12 +186,22 @@ public:
         inv_freq_ = device_alloc<float>(inv.size());
         ER_CUDA(cudaMemcpy(inv_freq_.get(), inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice));
         ER_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        if (chain_depth() > 0) {
+            chain_blocks_ = device_alloc<uint8_t>(kChain * round_up(step_block_bytes(1), 256));
+            ER_CUDA(cudaMemset(chain_blocks_.get(), 0, kChain * round_up(step_block_bytes(1), 256)));
+            chain_host_ = pinned_alloc<StepBlock>(kChain * sizeof(StepBlock));
+            for (cudaEvent_t& e : chain_done_) ER_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        }
         logits_ = pinned_alloc<float>(static_cast<size_t>(c_.n_vocab) * sizeof(float));
         launches_.reserve(steps_.size() * 2 + 1);
     }
     ~Runner() override {
         for (cudaGraphExec_t g : graph_)
             if (g) cudaGraphExecDestroy(g);
+        for (cudaGraphExec_t g : chain_graph_)
+            if (g) cudaGraphExecDestroy(g);
+        for (cudaEvent_t e : chain_done_)
+            if (e) cudaEventDestroy(e);
         cudaStreamDestroy(stream_);
     }
 
@@ -231,7 +243,7 @@ public:
             for (size_t i = 0; i < t.launches.size(); ++i) enqueue(t.launches[i], stream_, t.memory.get() + t.offset[i], overlap_);
             end(in);
         } else {
-            compile(in, &launches_);
+            compile(in, &launches_, device_block());
             begin(n);
             for (const Launch& l : launches_) enqueue(l, stream_, nullptr, overlap_);
             end(in);
@@ -240,7 +252,69 @@ public:
         if (sampling) *in.sampled = host_block_->sampled;
     }
 
+    // Chained decode (recorded dispatch): kChain step blocks in a ring, each with its own graph
+    // of the one-token sampled step whose draw is also the next block's input token. A push
+    // fills its block's header (position, RNG step, parameters; the token too for the first),
+    // replays its graph and copies its draw back; a pop waits for the oldest push.
+    int chain_depth() const override { return dispatch_ == Dispatch::Recorded ? kChain : 0; }
+
+    void chain_push(int64_t pos, const SamplingParams& p, uint64_t sample_step, const int32_t* first_token) override {
+        if (!can_sample(p)) throw std::logic_error("device sampling takes no bias or penalties");
+        const int k = static_cast<int>(pushed_ % kChain);
+        StepBlock* dev = chain_block(k);
+        StepBlock& host = chain_host_.get()[k];
+        host.pos0 = pos;
+        host.sample_step = sample_step;
+        host.sampling = DeviceSampling{p.temperature, p.top_k, p.top_p, p.min_p, p.seed};
+        host.tokens[0] = first_token ? *first_token : 0;
+        if (!chain_graph_[0]) record_chain(p);
+        // the header, and the input token only for the chain's first step (the others' is the
+        // previous step's draw, written on the device)
+        const size_t bytes = first_token ? sizeof(StepBlock) : offsetof(StepBlock, sampled);
+        ER_CUDA(cudaMemcpyAsync(dev, &host, bytes, cudaMemcpyHostToDevice, stream_));
+        ER_CUDA(cudaGraphLaunch(chain_graph_[k], stream_));
+        ER_CUDA(cudaMemcpyAsync(&host.sampled, &dev->sampled, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+        ER_CUDA(cudaEventRecord(chain_done_[k], stream_));
+        ++pushed_;
+        last_row_ = 0;
+    }
+
+    int32_t chain_pop() override {
+        if (popped_ == pushed_) throw std::logic_error("no chained step is pending");
+        const int k = static_cast<int>(popped_ % kChain);
+        ER_CUDA(cudaEventSynchronize(chain_done_[k]));
+        ++popped_;
+        return chain_host_.get()[k].sampled;
+    }
+
+    void chain_end() override {
+        ER_CUDA(cudaStreamSynchronize(stream_));
+        popped_ = pushed_ = 0;
+    }
+
 private:
+    static constexpr int kChain = 3;  // step blocks in flight
+
+    // The kChain graphs, before any of them runs (what they read comes from their blocks).
+    void record_chain(const SamplingParams& p) {
+        ER_CUDA(cudaStreamSynchronize(stream_));
+        for (int k = 0; k < kChain; ++k) {
+            std::vector<Launch> launches;
+            StepInputs in;
+            in.n_tokens = 1;
+            in.sample = &p;
+            compile(in, &launches, chain_block(k), chain_block((k + 1) % kChain));
+            cudaGraph_t g = nullptr;
+            ER_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+            for (const Launch& l : launches) enqueue(l, stream_, nullptr, overlap_);
+            ER_CUDA(cudaStreamEndCapture(stream_, &g));
+            const cudaError_t status = cudaGraphInstantiate(&chain_graph_[k], g, 0);
+            cudaGraphDestroy(g);
+            ER_CUDA(status);
+        }
+    }
+    StepBlock* chain_block(int k) const { return reinterpret_cast<StepBlock*>(chain_blocks_.get() + k * round_up(step_block_bytes(1), 256)); }
+
     // The launches' arguments in device memory, written once (argument_buffers dispatch).
     struct Table {
         std::vector<Launch> launches;
@@ -249,7 +323,9 @@ private:
     };
 
     void fuse();
-    void compile(const StepInputs& in, std::vector<Launch>* out) const;
+    // The step's launches against step block `b` (a chained step's draw also goes to `next`'s
+    // input token).
+    void compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next = nullptr) const;
 
     // The step block in, and the result out: the drawn token (4 bytes) or logits.
     void begin(int64_t n) {
@@ -270,7 +346,7 @@ private:
 
     void record(const StepInputs& in, cudaGraphExec_t* graph) {
         std::vector<Launch> launches;
-        compile(in, &launches);
+        compile(in, &launches, device_block());
         cudaGraph_t g = nullptr;
         ER_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
         begin(in.n_tokens);
@@ -283,7 +359,7 @@ private:
     }
 
     void write_table(const StepInputs& in, Table* t) {
-        compile(in, &t->launches);
+        compile(in, &t->launches, device_block());
         size_t total = 0;
         for (const Launch& l : t->launches) {
             t->offset.push_back(total);
@@ -325,6 +401,11 @@ private:
     cudaStream_t stream_ = nullptr;
     std::vector<Launch> launches_;       // eager: this step's launches (capacity kept)
     cudaGraphExec_t graph_[2] = {};      // recorded: the one-token step ending in logits / a drawn token
+    DevicePtr<uint8_t> chain_blocks_;                  // chained decode: kChain step blocks
+    std::unique_ptr<StepBlock, FreeHost> chain_host_;  // their pinned staging copies
+    cudaGraphExec_t chain_graph_[kChain] = {};
+    cudaEvent_t chain_done_[kChain] = {};
+    uint64_t pushed_ = 0, popped_ = 0;
     Table table_[2];                     // argument_buffers: the same two
     int64_t last_row_ = 0;               // the last run's last token row
 };
@@ -399,10 +480,9 @@ void Runner::fuse() {
 }
 
 // The step's launches, arguments resolved against this step's size.
-void Runner::compile(const StepInputs& in, std::vector<Launch>* out) const {
+void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next) const {
     out->clear();
     const int64_t n = in.n_tokens;
-    StepBlock* b = device_block();
     for (const Step& s : steps_) {
         const Op& op = s.op;
         // tail ops (final norm, LM head) only for the rows whose logits are wanted
@@ -466,7 +546,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out) const {
     }
     if (in.sample)
         out->push_back(sample(SampleArgs{row(Buf::LOGITS, n - 1), static_cast<int32_t>(c_.n_vocab), &b->sampling, &b->sample_step,
-                                         sample_scratch_.get(), &b->sampled}));
+                                         sample_scratch_.get(), &b->sampled, next ? next->tokens : nullptr}));
 }
 
 }  // namespace

@@ -101,7 +101,10 @@ __device__ void Sample::run(const SampleArgs& a) {
     mx = fsh[0];
     const int top = best_id;
     if (p.temperature <= 0.0f) {
-        if (threadIdx.x == 0) *out = top;
+        if (threadIdx.x == 0) {
+            *out = top;
+            if (a.next) *a.next = top;
+        }
         return;
     }
     // w = exp((l - l_max) / T) in float64: the top token weighs 1 exactly
@@ -142,7 +145,10 @@ __device__ void Sample::run(const SampleArgs& a) {
     for (int i = threadIdx.x; i < n; i += kThreads)
         if (key(l[i]) == th && key(l[i]) >= floor_key && w[i] > 0.0 && (!min_p || w[i] >= p.min_p)) atomicMin(&best_id, i);
     __syncthreads();
-    if (threadIdx.x == 0) *out = best_id < n ? best_id : top;
+    if (threadIdx.x == 0) {
+        *out = best_id < n ? best_id : top;
+        if (a.next) *a.next = *out;
+    }
 }
 
 }  // namespace

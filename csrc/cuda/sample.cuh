@@ -27,6 +27,7 @@ struct SampleArgs {
     const uint64_t* step;          // device: the RNG counter
     double* scratch;               // n_vocab doubles
     int32_t* out;                  // the drawn token
+    int32_t* next = nullptr;       // or null: also written here (the next chained step's input token)
 };
 Launch sample(const SampleArgs& a);
 

@@ -86,6 +86,9 @@ public:
     std::vector<int32_t> generate(Sampler& sampler, int64_t max_tokens, const std::vector<int32_t>& stop_ids);
 
 private:
+    std::vector<int32_t> generate_chained(const SamplingParams& params, int32_t first, int64_t max_tokens,
+                                          const std::vector<int32_t>& stop_ids);
+
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };
