@@ -256,7 +256,7 @@ public:
     // of the one-token sampled step whose draw is also the next block's input token. A push
     // fills its block's header (position, RNG step, parameters; the token too for the first),
     // replays its graph and copies its draw back; a pop waits for the oldest push.
-    int chain_depth() const override { return dispatch_ == Dispatch::Recorded ? kChain : 0; }
+    int chain_depth() const override { return dispatch_ == Dispatch::Recorded && plan_.max_tokens == 1 ? kChain : 0; }
 
     void chain_push(int64_t pos, const SamplingParams& p, uint64_t sample_step, const int32_t* first_token) override {
         if (!can_sample(p)) throw std::logic_error("device sampling takes no bias or penalties");
