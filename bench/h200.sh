@@ -6,7 +6,9 @@
 #                                         e.g. llama-3.1-8b-Q4_0; presets and types of edgerunner.model_builder)
 #   bench/h200.sh bench [bench args]      python -m bench over every file in /tmp/m, CUDA, all dispatch modes
 #   bench/h200.sh peer                    build llama.cpp's CUDA llama-bench from the sdist source carried in
-#                                         .peer/ (never committed) into /tmp/peer
+#                                         .peer/ (never committed) into /tmp/peer (~5 min); then
+#                                         `bench/h200.sh bench --peer /tmp/peer/bin/llama-bench` runs it on
+#                                         the same files in the same run
 # .whl/ carries the gguf wheel the device lacks (and, for `test`, the truncated real model).
 set -euo pipefail
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -35,5 +37,5 @@ case "${1:-}" in
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
       -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >/dev/null
     cmake --build /tmp/peer --target llama-bench -j 16 2>&1 | tail -2 ;;
-  *) sed -n 2,10p "$0"; exit 2 ;;
+  *) sed -n 2,12p "$0"; exit 2 ;;
 esac

@@ -121,15 +121,15 @@ struct Gemm {
             commit();
         }
 
-        // Where each of this thread's four weight rows (m-tile i: rows g, g + 8) starts within
-        // its 16-byte line: the copy keeps the source's phase.
-        uintptr_t phase[2][2];
+        // This thread's four weight rows (m-tile i: rows g, g + 8) in global memory: a staged tile
+        // lies at (row + tile offset) mod 16 in its slot, as the copy keeps the source's phase.
+        uintptr_t row_at[2][2];
         for (int i = 0; i < 2; ++i)
             for (int h = 0; h < 2; ++h) {
                 int64_t r;
                 int p = slot_row(a, bx, wm * 32 + i * 16 + g + 8 * h, &r);
                 if (p < 0) p = 0, r = a.part[0].rows - 1;
-                phase[i][h] = reinterpret_cast<uintptr_t>((p == 0 ? a.part[0].w : p == 1 ? a.part[1].w : a.part[2].w) +
+                row_at[i][h] = reinterpret_cast<uintptr_t>((p == 0 ? a.part[0].w : p == 1 ? a.part[1].w : a.part[2].w) +
                                                           static_cast<size_t>(r) * a.row_bytes);
             }
 
@@ -160,7 +160,7 @@ struct Gemm {
                 MmaFrag f[2][2];
                 for (int i = 0; i < 2; ++i)
                     for (int h = 0; h < 2; ++h)
-                        f[i][h] = M::load(sa + (wm * 32 + i * 16 + g + 8 * h) * kRowStride + ((phase[i][h] + tile_offset) & 15), u, t);
+                        f[i][h] = M::load(sa + (wm * 32 + i * 16 + g + 8 * h) * kRowStride + ((row_at[i][h] + tile_offset) & 15), u, t);
                 int b[4][2];
                 float dx[4][2], sx[4][2];
 #pragma unroll
