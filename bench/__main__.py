@@ -1,6 +1,6 @@
 """End-to-end benchmark, like llama-bench: prefill of N tokens (pp) and decode of M tokens (tg).
 
-    python -m bench MODEL [MODEL ...] [--threads 2] [--pp 512] [--tg 128] [--reps 5]
+    python -m bench MODEL [MODEL ...] [--threads 2] [--pp 512] [--tg 128] [--depth 0] [--reps 5]
                     [--backend cpu|cuda|metal] [--dispatch eager,argument_buffers,recorded]
                     [--peer PATH/llama-bench] [--json out.json]
 
@@ -10,7 +10,8 @@ file in the same run and the table shows ours / peer (the peer's median over its
 read-bandwidth roofline: weight bytes read per token / this machine's measured bandwidth
 (on CUDA: the device's copy bandwidth; on Metal: the CPU's read bandwidth of the memory the GPU
 shares, a lower bound of what the GPU reaches). --dispatch takes several GPU dispatch modes
-(eager, argument_buffers, recorded), each a row.
+(eager, argument_buffers, recorded), each a row. --depth N starts both with N tokens already in
+the context (llama-bench's -d), where attention over the cache starts to count.
 Memory is the process's resident set after load and a 16-token warm-up (weights, KV cache,
 scratch for --chunk tokens) against the file size plus the KV cache.
 """
@@ -59,28 +60,36 @@ def stats(values: list[float]) -> dict[str, float]:
 
 def bench_ours(path: str, args: argparse.Namespace, dispatch: str = "auto") -> dict[str, Any]:
     rss0 = rss_bytes()
-    model = _core.Model.load(path, n_ctx=max(args.pp, args.tg) + 8, n_threads=args.threads, kv_type=args.kv_type,
+    model = _core.Model.load(path, n_ctx=args.depth + max(args.pp, args.tg) + 8, n_threads=args.threads, kv_type=args.kv_type,
                              prefill_chunk=args.chunk, backend=args.backend, dispatch=dispatch)
     session = _core.Session(model)
     n_vocab = model.config["n_vocab"]
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, n_vocab, size=args.pp).astype(np.int32)
+    context = rng.integers(0, n_vocab, size=args.depth).astype(np.int32)  # already there when timing starts
     session.eval(prompt[:16])  # warm-up: touches the weights and every kernel once
     rss_loaded = rss_bytes() - rss0
 
+    def start(ids: np.ndarray) -> np.ndarray:
+        """Rewind to the context (evaluated here, untimed); returns the context then `ids`, whose
+        evaluation reuses the context and computes only `ids`."""
+        session.rewind(0)
+        if args.depth:
+            session.eval(context)
+        return np.concatenate([context, ids]) if args.depth else ids
+
     pp = []
     for rep in range(args.reps + 1):
-        session.rewind(0)
+        ids = start(prompt)
         t0 = time.perf_counter()
-        session.eval(prompt)
+        session.eval(ids)
         dt = time.perf_counter() - t0
         if rep:
             pp.append(args.pp / dt)
     greedy = _core.Sampler(n_vocab)
     tg = []
     for rep in range(args.reps + 1):
-        session.rewind(0)
-        session.eval(prompt[:1])
+        session.eval(start(prompt[:1]))
         t0 = time.perf_counter()
         session.generate(greedy, args.tg + 1, [])  # tg decode steps (+ greedy sampling)
         dt = time.perf_counter() - t0
@@ -94,6 +103,8 @@ def bench_ours(path: str, args: argparse.Namespace, dispatch: str = "auto") -> d
 def bench_peer(peer: str, path: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [peer, "-m", path, "-p", str(args.pp), "-n", str(args.tg), "-t", str(args.threads),
            "-r", str(args.reps), "-o", "json"]
+    if args.depth:
+        cmd += ["-d", str(args.depth)]
     if args.backend == "cuda":
         cmd += ["-ngl", "99", "-fa", "1"]  # all layers on the GPU, flash attention on
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -119,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tg", type=int, default=128)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--chunk", type=int, default=512, help="prefill chunk (tokens per step)")
+    p.add_argument("--depth", type=int, default=0,
+                   help="tokens already in the context when pp and tg start (llama-bench's -d); the roofline counts weights only")
     p.add_argument("--kv-type", default="f16")
     p.add_argument("--backend", default="cpu", choices=["cpu", "cuda", "metal"])
     p.add_argument("--dispatch", default="recorded", help="GPU dispatch modes, comma-separated: eager, argument_buffers, recorded")
@@ -145,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     gpu = args.backend in ("cuda", "metal")
     dispatches = args.dispatch.split(",") if gpu else ["auto"]
     report: dict[str, Any] = {"machine": machine, "backend": args.backend, "threads": args.threads,
-                              "read_bandwidth_gbs": bandwidth, "pp": args.pp, "tg": args.tg, "models": []}
-    print(f"| model | ours pp{args.pp} tok/s | ours tg{args.tg} tok/s | roofline % | RSS / (file + KV) |"
-          + (f" peer pp{args.pp} (median) | peer tg{args.tg} (median) | pp ratio | tg ratio |" if args.peer else ""))
+                              "read_bandwidth_gbs": bandwidth, "pp": args.pp, "tg": args.tg, "depth": args.depth, "models": []}
+    at = f" @ d{args.depth}" if args.depth else ""
+    print(f"| model | ours pp{args.pp}{at} tok/s | ours tg{args.tg}{at} tok/s | roofline % | RSS / (file + KV) |"
+          + (f" peer pp{args.pp}{at} (median) | peer tg{args.tg}{at} (median) | pp ratio | tg ratio |" if args.peer else ""))
     print("| --- | --- | --- | --- | --- |" + (" --- | --- | --- | --- |" if args.peer else ""))
     for source in args.models:
         path = str(sources.resolve(source))
