@@ -57,7 +57,7 @@ bool gemv_wants_q8(TensorType type);
 // Y = W · X on the device, for the backend-ops tests and the kernel benchmarks: W is n_rows
 // rows of row_bytes raw blocks (n columns), X is n_tokens rows of n floats, Y n_tokens rows of
 // n_rows. The kernel the runner would pick for that many tokens (GEMV, or the tensor-core GEMM
-// from kGemmMinTokens on). Uploads, runs, reads back.
+// from kPrefillKernelTokens = 16 on, launch.cuh). Uploads, runs, reads back.
 std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, size_t row_bytes, const float* x, int64_t n_tokens,
                           int64_t n);
 

@@ -40,13 +40,12 @@ struct GemvArgs {
     bool accumulate = false;
 };
 
-// Picks the kernel: the tensor-core GEMM (gemm.cu) for chunks of kGemmMinTokens tokens or more
+// Picks the kernel: the tensor-core GEMM (gemm.cu) for chunks of kPrefillKernelTokens or more
 // where it applies, else a GEMV (one token, or eight tokens per weight load).
 Launch gemv(TensorType type, const GemvArgs& args);
 
 // The tensor-core GEMM: int8 formats, int8 activations whose rows start on 16-byte boundaries
 // (xq and xq_stride · sizeof(QBlock) multiples of 16).
-constexpr int64_t kGemmMinTokens = 16;
 bool gemm_supports(TensorType type, const GemvArgs& args);
 Launch gemm(TensorType type, const GemvArgs& args);
 

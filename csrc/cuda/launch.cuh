@@ -57,6 +57,10 @@ __global__ void by_table(const typename K::Args* __restrict__ a) {
     K::run(*a);
 }
 
+// Steps of this many tokens or more take the prefill kernels (the tensor-core GEMM, the tiled
+// attention); smaller ones share the decode kernels' arithmetic token for token.
+constexpr int64_t kPrefillKernelTokens = 16;
+
 // One kernel launch: which kernel, its shape, its arguments (copied in, no allocation).
 struct Launch {
     static constexpr size_t kMaxArgs = 320;

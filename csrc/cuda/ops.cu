@@ -225,7 +225,7 @@ struct Attention {
     }
 };
 
-// Prefill (chunks of kTiledMinTokens tokens or more): one block per (run of tokens, KV head),
+// Prefill (chunks of kPrefillKernelTokens or more): one block per (run of tokens, KV head),
 // one warp per query row (token, head of that KV head's group), 16 rows per block. The block
 // walks the keys its rows see in tiles of 32 staged in shared memory as floats, so each key and
 // value is read once per block rather than once per row; within a tile lane j scores key j, the
@@ -371,7 +371,7 @@ Launch attention(KvType kv, const AttentionArgs& a) {
     if (a.head_dim > 32 * kMaxDims) throw std::invalid_argument("the CUDA attention kernel takes head sizes up to 256");
     if (a.q_out && a.head_dim % 32 != 0) throw std::invalid_argument("quantized attention output needs head sizes that are multiples of 32");
     const int64_t group = a.n_head / a.n_head_kv;
-    if (a.n_tokens >= kTiledMinTokens && group <= kTileRows) {
+    if (a.n_tokens >= kPrefillKernelTokens && group <= kTileRows) {
         const int64_t per_block = kTileRows / group;
         const dim3 grid(static_cast<unsigned>((a.n_tokens + per_block - 1) / per_block), static_cast<unsigned>(a.n_head_kv)), block(32 * kTileRows);
         const size_t smem = TiledAttention<KvType::F16>::smem(a.head_dim);

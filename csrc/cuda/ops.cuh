@@ -78,9 +78,8 @@ struct AttentionArgs {
     int32_t n_head, n_head_kv, head_dim;
 };
 // Causal softmax(q kᵀ / √d) v with an online softmax: no score matrix is stored. Steps of
-// kTiledMinTokens tokens or more share each key and value among the query rows of a block; smaller
+// kPrefillKernelTokens or more share each key and value among the query rows of a block; smaller
 // ones (decode) spread one row's keys over the warps of a block.
-constexpr int64_t kTiledMinTokens = 16;
 Launch attention(KvType kv, const AttentionArgs& a);
 
 // g = act(g) · u over n values (when gate and up could not be fused into one GEMV).

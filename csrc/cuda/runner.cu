@@ -304,13 +304,7 @@ private:
             in.n_tokens = 1;
             in.sample = &p;
             compile(in, &launches, chain_block(k), chain_block((k + 1) % kChain));
-            cudaGraph_t g = nullptr;
-            ER_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-            for (const Launch& l : launches) enqueue(l, stream_, nullptr, overlap_);
-            ER_CUDA(cudaStreamEndCapture(stream_, &g));
-            const cudaError_t status = cudaGraphInstantiate(&chain_graph_[k], g, 0);
-            cudaGraphDestroy(g);
-            ER_CUDA(status);
+            capture(launches, &chain_graph_[k], [] {}, [] {});
         }
     }
     StepBlock* chain_block(int k) const { return reinterpret_cast<StepBlock*>(chain_blocks_.get() + k * round_up(step_block_bytes(1), 256)); }
@@ -347,11 +341,17 @@ private:
     void record(const StepInputs& in, cudaGraphExec_t* graph) {
         std::vector<Launch> launches;
         compile(in, &launches, device_block());
+        capture(launches, graph, [&] { begin(in.n_tokens); }, [&] { end(in); });
+    }
+
+    // `launches` (between what `before` and `after` enqueue) captured as one CUDA graph.
+    template <typename Before, typename After>
+    void capture(const std::vector<Launch>& launches, cudaGraphExec_t* graph, Before before, After after) {
         cudaGraph_t g = nullptr;
         ER_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-        begin(in.n_tokens);
+        before();
         for (const Launch& l : launches) enqueue(l, stream_, nullptr, overlap_);
-        end(in);
+        after();
         ER_CUDA(cudaStreamEndCapture(stream_, &g));
         const cudaError_t status = cudaGraphInstantiate(graph, g, 0);
         cudaGraphDestroy(g);
