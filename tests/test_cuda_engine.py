@@ -32,15 +32,16 @@ def test_cuda_logits_close_to_float64_reference(tiny_models, case):
 def test_cuda_modes_agree_with_one_prefill(tmp_path):
     """reset, extend, decode and rewinds give the logits of one full prefill exactly: in steps
     of up to 15 tokens (chunks of 8 here) each token's kernels do the same arithmetic whatever
-    the step size. (From 16 tokens on, prefill takes the tensor-core GEMM and the tiled
-    attention: the same int8 products, summed in another order.)"""
+    the step size, including how its keys are split over blocks (runs of 64+ keys from position
+    64 on). (From 16 tokens on, prefill takes the tensor-core GEMM and the tiled attention: the
+    same int8 products, summed in another order.)"""
     from edgerunner.model_builder import write_random_model
 
     path = tmp_path / "m.gguf"
     write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_K_M", seed=5, n_heads=2, n_kv_heads=1,
                        dim=256, ffn_dim=512)
     model = _core.Model.load(str(path), backend="cuda", prefill_chunk=8)
-    ids = prompt(np.random.default_rng(0), 30)
+    ids = prompt(np.random.default_rng(0), 200)
     full = _core.Session(model).eval_all(ids)
     s = _core.Session(model)
     assert s.eval(ids[:5]) == "reset"
@@ -52,6 +53,11 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path):
     s.rewind(10)
     s.append(int(ids[10]))
     assert np.array_equal(s.logits(), full[10])
+    assert s.eval(ids[:150]) == "extend"  # steps of 8 from position 11: 2 to 3 runs of keys
+    assert np.array_equal(s.logits(), full[149])
+    for t in range(150, 200):
+        s.append(int(ids[t]))
+        assert np.array_equal(s.logits(), full[t])
 
 
 def test_cuda_refuses_what_it_cannot_run(tmp_path):
@@ -101,6 +107,25 @@ def test_cuda_kv_cache_precisions_match_the_cpu_backend(tmp_path, kv_type, windo
     gpu = _core.Model.load(str(path), backend="cuda", kv_type=kv_type, prefill_chunk=16)
     cpu = _core.Model.load(str(path), backend="cpu", kv_type=kv_type, prefill_chunk=16)
     assert_matches_cpu(gpu, cpu, prompt(np.random.default_rng(9), 40), 0.03, label=f"kv {kv_type} window {window}")
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("window", [0, 700])
+def test_cuda_long_context_decode_matches_the_cpu_backend(tmp_path, kv_type, window):
+    """Decode where a token's keys are split over many blocks (runs of 64+ keys, up to 32 runs,
+    merged by the last block): a 2300-token prompt (chunks of 512: the tiled prefill attention),
+    then 8 decode steps at 2300+ positions (24 runs; 11 over a 700-position window, in a ring
+    cache), with one KV head serving 18 query heads (more than a block's 16: two blocks per head
+    group, in prefill and decode), against the CPU backend with the same KV precision: logits
+    within 3 % of the logit range."""
+    from edgerunner.model_builder import write_random_model
+
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=21, dim=576, n_heads=18, n_kv_heads=1,
+                       context_length=4096, **(dict(window=window) if window else {}))
+    gpu = _core.Model.load(str(path), backend="cuda", kv_type=kv_type, prefill_chunk=512)
+    cpu = _core.Model.load(str(path), backend="cpu", kv_type=kv_type, prefill_chunk=512)
+    assert_matches_cpu(gpu, cpu, prompt(np.random.default_rng(4), 2300), 0.03, label=f"kv {kv_type} window {window}")
 
 
 DISPATCH = ("eager", "argument_buffers", "recorded")

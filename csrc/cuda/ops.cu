@@ -22,6 +22,16 @@ struct Kv;
 template <>
 struct Kv<KvType::F16> {
     static __device__ float load(const uint8_t* slot, int d) { return __half2float(reinterpret_cast<const __half*>(slot)[d]); }
+    static __device__ void load8(const uint8_t* slot, int d, float* out) {  // d: a multiple of 8 (16-byte aligned)
+        const uint4 r = *reinterpret_cast<const uint4*>(slot + 2 * static_cast<size_t>(d));
+        const __half2* h = reinterpret_cast<const __half2*>(&r);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 f = __half22float2(h[i]);
+            out[2 * i] = f.x;
+            out[2 * i + 1] = f.y;
+        }
+    }
     static __device__ void store(uint8_t* slot, int64_t first, const float* x, int n) {
         for (int i = threadIdx.x; i < n; i += blockDim.x) reinterpret_cast<__half*>(slot)[first + i] = __float2half_rn(x[i]);
     }
@@ -30,6 +40,11 @@ struct Kv<KvType::F16> {
 template <>
 struct Kv<KvType::F32> {
     static __device__ float load(const uint8_t* slot, int d) { return reinterpret_cast<const float*>(slot)[d]; }
+    static __device__ void load8(const uint8_t* slot, int d, float* out) {
+        const float4* f = reinterpret_cast<const float4*>(slot + 4 * static_cast<size_t>(d));
+        const float4 a = f[0], b = f[1];
+        out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+    }
     static __device__ void store(uint8_t* slot, int64_t first, const float* x, int n) {
         for (int i = threadIdx.x; i < n; i += blockDim.x) reinterpret_cast<float*>(slot)[first + i] = x[i];
     }
@@ -40,6 +55,12 @@ struct Kv<KvType::Q8_0> {  // heads of a multiple of 32 values (checked at prepa
     static __device__ float load(const uint8_t* slot, int d) {
         const block_q8_0& b = reinterpret_cast<const block_q8_0*>(slot)[d / 32];
         return h2f(b.d) * static_cast<float>(b.qs[d % 32]);
+    }
+    static __device__ void load8(const uint8_t* slot, int d, float* out) {
+        const block_q8_0& b = reinterpret_cast<const block_q8_0*>(slot)[d / 32];
+        const float scale = h2f(b.d);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) out[i] = scale * static_cast<float>(b.qs[d % 32 + i]);
     }
     static __device__ void store(uint8_t* slot, int64_t first, const float* x, int n) {
         const int lane = threadIdx.x % 32;
@@ -148,90 +169,190 @@ struct RopeKv {
     }
 };
 
-// One block per (token, head): each warp walks every kWarps-th position with its own running
-// max, sum and output (lane l holds dimensions l, l + 32, ...), then the warps are merged, and
-// each warp writes (and quantizes) 32-dimension runs of the result.
-constexpr int kWarps = 16, kMaxDims = 8;  // head sizes up to 256
+constexpr int kMaxDims = 8;  // head sizes up to 256: lane l holds dimensions l, l + 32, ...
+
+// Head h of token t of the attention output (v: lane's dimensions, normalised), and its int8
+// copy for the output projection.
+__device__ __forceinline__ void write_head(const AttentionArgs& a, int64_t t, int h, int lane, const float (&v)[kMaxDims]) {
+    const int hd = a.head_dim;
+    float* out = a.out + (t * a.n_head + h) * hd;
+#pragma unroll
+    for (int i = 0; i < kMaxDims; ++i) {
+        if (32 * i >= hd) break;
+        const int d = lane + 32 * i;
+        if (d < hd) out[d] = v[i];
+        if (a.q_out) quantize_block(d < hd ? v[i] : 0.0f, a.q_out[t * a.q_stride + (static_cast<int64_t>(h) * hd) / 32 + i], lane);
+    }
+}
+
+// Decode, and steps under kPrefillKernelTokens (flash-decoding): one block per (token, run of its
+// keys, KV head — and group of up to kSplitHeads query heads where a KV head serves more). The
+// block stages its run 32 keys at a time in shared memory as floats, once for all its query heads
+// (GQA); each of its four warps takes query heads warp, warp + 4, ...: lane j scores key j, the
+// running max and sum are updated once per tile, and the weights are broadcast to the lanes that
+// hold the output dimensions. A token's keys are cut into at most kSplits runs of whole tiles, at
+// least kSplitKeys keys each, from its position alone (so its arithmetic is the same whatever the
+// step size). With one run the block writes the output; with several, each block leaves its
+// (max, sum, unnormalised output) per head in `partial`, and the last of them to finish (a counter
+// in `done`, which it resets) merges the runs in order.
+constexpr int kTileKeys = 32;
+constexpr int kSplits = 32, kSplitKeys = 64, kSplitWarps = 4, kHeadsPerWarp = 4, kSplitHeads = kSplitWarps * kHeadsPerWarp;
 
 template <KvType K>
-struct Attention {
+struct SplitAttention {
     using Args = AttentionArgs;
     static __device__ void run(const Args& a) {
+        extern __shared__ float smem[];
         allow_next();
         wait_inputs();
-        const int64_t t = blockIdx.x;
-        const int h = blockIdx.y;
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        const int hd = a.head_dim, group = a.n_head / a.n_head_kv;
+        const int hd = a.head_dim, group = a.n_head / a.n_head_kv, chunks = (group + kSplitHeads - 1) / kSplitHeads;
+        const int64_t t = blockIdx.x / kSplits;
+        const int split = static_cast<int>(blockIdx.x % kSplits);
+        const int g = static_cast<int>(blockIdx.y) / chunks;                          // the KV head
+        const int h0 = g * group + (static_cast<int>(blockIdx.y) % chunks) * kSplitHeads;  // its first query head here
+        const int nh = min(kSplitHeads, (g + 1) * group - h0);
         const int64_t pos = *a.pos0 + t;
         const int64_t start = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
-        const float* q = a.q + (t * a.n_head + h) * hd;
-        const int64_t head_off = static_cast<int64_t>(h / group) * hd;
-        const float scale = rsqrtf(static_cast<float>(hd));
+        const int64_t n_keys = pos - start + 1;
+        const int64_t runs = min(static_cast<int64_t>(kSplits), (n_keys + kSplitKeys - 1) / kSplitKeys);
+        const int64_t per = ((n_keys + runs - 1) / runs + kTileKeys - 1) / kTileKeys * kTileKeys;
+        const int n_split = static_cast<int>((n_keys + per - 1) / per);
+        if (split >= n_split) return;
+        const int64_t lo = start + split * per, hi = min(lo + per, pos + 1);  // keys [lo, hi)
 
-        float qr[kMaxDims], acc[kMaxDims];
+        const int ks = hd + 1;  // K rows padded: lane j reads row j without bank conflicts
+        float* kt = smem;                 // kTileKeys × ks
+        float* vt = kt + kTileKeys * ks;  // kTileKeys × hd
+        float* qs = vt + kTileKeys * hd;  // nh × hd, pre-scaled by 1/√d
+        const float scale = rsqrtf(static_cast<float>(hd));
+        for (int i = threadIdx.x; i < nh * hd; i += blockDim.x) qs[i] = a.q[(t * a.n_head + h0) * hd + i] * scale;
+        const size_t head_off = static_cast<size_t>(g) * hd;
+
+        float acc[kHeadsPerWarp][kMaxDims] = {}, m[kHeadsPerWarp], l[kHeadsPerWarp];
 #pragma unroll
-        for (int i = 0; i < kMaxDims; ++i) {
-            const int d = lane + 32 * i;
-            qr[i] = d < hd ? q[d] : 0.0f;
-            acc[i] = 0.0f;
-        }
-        float m = -FLT_MAX, l = 0.0f;
-        for (int64_t p = start + warp; p <= pos; p += kWarps) {
-            const int64_t slot = p % a.capacity;
-            const uint8_t* kr = a.k_cache + slot * a.slot_bytes;
-            float s = 0.0f;
+        for (int j = 0; j < kHeadsPerWarp; ++j) m[j] = -FLT_MAX, l[j] = 0.0f;
+        for (int64_t p0 = lo; p0 < hi; p0 += kTileKeys) {
+            const int n = static_cast<int>(min(static_cast<int64_t>(kTileKeys), hi - p0));
+            __syncthreads();  // the previous tile is consumed (and the queries are in)
+            if (hd % 8 == 0) {
+                for (int e = threadIdx.x; e < n * hd / 8; e += blockDim.x) {  // eight values a thread
+                    const int j = e / (hd / 8), d = 8 * (e % (hd / 8));
+                    const size_t slot = static_cast<size_t>((p0 + j) % a.capacity) * a.slot_bytes;
+                    float kv[8], vv[8];
+                    Kv<K>::load8(a.k_cache + slot, static_cast<int>(head_off) + d, kv);
+                    Kv<K>::load8(a.v_cache + slot, static_cast<int>(head_off) + d, vv);
 #pragma unroll
-            for (int i = 0; i < kMaxDims; ++i) {
-                const int d = lane + 32 * i;
-                if (d < hd) s += qr[i] * Kv<K>::load(kr, static_cast<int>(head_off) + d);
+                    for (int i = 0; i < 8; ++i) kt[j * ks + d + i] = kv[i], vt[j * hd + d + i] = vv[i];
+                }
+            } else {
+                for (int e = threadIdx.x; e < n * hd; e += blockDim.x) {
+                    const int j = e / hd, d = e % hd;
+                    const size_t slot = static_cast<size_t>((p0 + j) % a.capacity) * a.slot_bytes;
+                    kt[j * ks + d] = Kv<K>::load(a.k_cache + slot, static_cast<int>(head_off) + d);
+                    vt[j * hd + d] = Kv<K>::load(a.v_cache + slot, static_cast<int>(head_off) + d);
+                }
             }
-            s = warp_sum(s) * scale;
-            const float m_new = fmaxf(m, s);
-            const float corr = __expf(m - m_new), e = __expf(s - m_new);
-            l = l * corr + e;
-            const uint8_t* vr = a.v_cache + slot * a.slot_bytes;
+            __syncthreads();
 #pragma unroll
-            for (int i = 0; i < kMaxDims; ++i) {
-                const int d = lane + 32 * i;
-                if (d < hd) acc[i] = acc[i] * corr + e * Kv<K>::load(vr, static_cast<int>(head_off) + d);
+            for (int j = 0; j < kHeadsPerWarp; ++j) {
+                const int hh = warp + kSplitWarps * j;
+                if (hh >= nh) break;
+                float sc = -FLT_MAX;
+                if (lane < n) {
+                    const float* q = qs + hh * hd;
+                    const float* k = kt + lane * ks;
+                    float dot[4] = {};  // four chains of multiply-adds in flight
+                    int d = 0;
+                    for (; d + 4 <= hd; d += 4)
+#pragma unroll
+                        for (int c = 0; c < 4; ++c) dot[c] += q[d + c] * k[d + c];
+                    for (; d < hd; ++d) dot[0] += q[d] * k[d];
+                    sc = (dot[0] + dot[1]) + (dot[2] + dot[3]);
+                }
+                const float m_new = fmaxf(m[j], warp_max(sc));
+                const float e = lane < n ? __expf(sc - m_new) : 0.0f, corr = __expf(m[j] - m_new);
+                l[j] = l[j] * corr + warp_sum(e);
+#pragma unroll
+                for (int i = 0; i < kMaxDims; ++i) acc[j][i] *= corr;
+                for (int key = 0; key < n; ++key) {
+                    const float w = __shfl_sync(0xFFFFFFFFu, e, key);
+#pragma unroll
+                    for (int i = 0; i < kMaxDims; ++i)
+                        if (lane + 32 * i < hd) acc[j][i] += w * vt[key * hd + lane + 32 * i];
+                }
+                m[j] = m_new;
             }
-            m = m_new;
         }
-        __shared__ float sm[kWarps], sl[kWarps], sacc[kWarps][32 * kMaxDims];
-        if (lane == 0) {
-            sm[warp] = m;
-            sl[warp] = l;
-        }
+
+        if (n_split == 1) {
 #pragma unroll
-        for (int i = 0; i < kMaxDims; ++i) sacc[warp][lane + 32 * i] = acc[i];
+            for (int j = 0; j < kHeadsPerWarp; ++j) {
+                if (warp + kSplitWarps * j >= nh) break;
+                float v[kMaxDims];
+#pragma unroll
+                for (int i = 0; i < kMaxDims; ++i) v[i] = acc[j][i] / l[j];
+                write_head(a, t, h0 + warp + kSplitWarps * j, lane, v);
+            }
+            return;
+        }
+        // (max, sum, unnormalised output) of each head for this run: hd + 2 floats
+        const int64_t stride = static_cast<int64_t>(kSplits) * (hd + 2);
+#pragma unroll
+        for (int j = 0; j < kHeadsPerWarp; ++j) {
+            if (warp + kSplitWarps * j >= nh) break;
+            float* part = a.partial + (t * a.n_head + h0 + warp + kSplitWarps * j) * stride + static_cast<int64_t>(split) * (hd + 2);
+#pragma unroll
+            for (int i = 0; i < kMaxDims; ++i)
+                if (lane + 32 * i < hd) part[lane + 32 * i] = acc[j][i];
+            if (lane == 0) part[hd] = m[j], part[hd + 1] = l[j];
+        }
+        __threadfence();  // the partials are visible device-wide before the count says so
         __syncthreads();
-        float mx = -FLT_MAX;
-        for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm[w]);
-        float denom = 0.0f;
-        for (int w = 0; w < kWarps; ++w) denom += sl[w] > 0.0f ? sl[w] * __expf(sm[w] - mx) : 0.0f;
-        float* out = a.out + (t * a.n_head + h) * hd;
-        for (int c = warp; c < (hd + 31) / 32; c += kWarps) {
-            const int d = 32 * c + lane;
-            float v = 0.0f;
-            if (d < hd) {
-                for (int w = 0; w < kWarps; ++w)
-                    if (sl[w] > 0.0f) v += sacc[w][d] * __expf(sm[w] - mx);
-                v /= denom;
-                out[d] = v;
+        __shared__ bool last;
+        if (threadIdx.x == 0) {
+            int32_t* done = a.done + t * gridDim.y + blockIdx.y;
+            last = atomicAdd(done, 1) == n_split - 1;
+            if (last) *done = 0;  // ready for the next step
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+#pragma unroll
+        for (int j = 0; j < kHeadsPerWarp; ++j) {
+            if (warp + kSplitWarps * j >= nh) break;
+            const int h = h0 + warp + kSplitWarps * j;
+            const float* part = a.partial + (t * a.n_head + h) * stride;
+            // lane s holds run s's max and sum (kSplits = 32 runs at most)
+            const float ms = lane < n_split ? __ldcg(part + lane * (hd + 2) + hd) : -FLT_MAX;
+            const float ls = lane < n_split ? __ldcg(part + lane * (hd + 2) + hd + 1) : 0.0f;
+            const float mx = warp_max(ms);
+            const float wgt = lane < n_split ? __expf(ms - mx) : 0.0f;
+            const float denom = warp_sum(ls * wgt);
+            float v[kMaxDims] = {};
+            for (int s = 0; s < n_split; ++s) {
+                const float w = __shfl_sync(0xFFFFFFFFu, wgt, s);
+#pragma unroll
+                for (int i = 0; i < kMaxDims; ++i)
+                    if (lane + 32 * i < hd) v[i] += w * __ldcg(part + s * (hd + 2) + lane + 32 * i);
             }
-            if (a.q_out) quantize_block(v, a.q_out[t * a.q_stride + (static_cast<int64_t>(h) * hd) / 32 + c], lane);
+#pragma unroll
+            for (int i = 0; i < kMaxDims; ++i) v[i] /= denom;
+            write_head(a, t, h, lane, v);
         }
     }
+
+    static size_t smem(int head_dim, int heads) { return sizeof(float) * (kTileKeys * (head_dim + 1) + kTileKeys * head_dim + heads * head_dim); }
 };
 
 // Prefill (chunks of kPrefillKernelTokens or more): one block per (run of tokens, KV head),
-// one warp per query row (token, head of that KV head's group), 16 rows per block. The block
+// one warp per query row (token, head of that KV head's group), 16 rows per block (a group of
+// more than 16 heads takes several blocks per token). The block
 // walks the keys its rows see in tiles of 32 staged in shared memory as floats, so each key and
 // value is read once per block rather than once per row; within a tile lane j scores key j, the
 // running max and sum are updated once per tile, and the weights are broadcast to the lanes that
 // hold the output dimensions (l, l + 32, ...).
-constexpr int kTileKeys = 32, kTileRows = 16;
+constexpr int kTileRows = 16;
 
 template <KvType K>
 struct TiledAttention {
@@ -242,13 +363,16 @@ struct TiledAttention {
         wait_inputs();
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         const int hd = a.head_dim, group = a.n_head / a.n_head_kv;
-        const int per_block = kTileRows / group;  // tokens per block (group ≤ kTileRows)
+        // a block's rows: per_block tokens × `heads` query heads (a group's, or 16 of a larger one's)
+        const int heads = min(group, kTileRows), chunks = (group + kTileRows - 1) / kTileRows;
+        const int per_block = kTileRows / heads;
         const int64_t t0 = static_cast<int64_t>(blockIdx.x) * per_block;
         const int64_t t_last = min(t0 + per_block, a.n_tokens) - 1;
-        const int g = blockIdx.y;
-        const int64_t t = t0 + warp / group;
-        const int h = g * group + warp % group;
-        const bool active = warp < per_block * group && t <= t_last;
+        const int g = static_cast<int>(blockIdx.y) / chunks;  // the KV head
+        const int64_t t = t0 + warp / heads;
+        const int hg = (static_cast<int>(blockIdx.y) % chunks) * kTileRows + warp % heads;  // head within the group
+        const int h = g * group + hg;
+        const bool active = warp < per_block * heads && t <= t_last && hg < group;
         const int64_t pos = *a.pos0 + t;
         const int64_t start = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
         const int64_t first_pos = *a.pos0 + t0;
@@ -304,15 +428,10 @@ struct TiledAttention {
             m = m_new;
         }
         if (!active) return;
-        float* out = a.out + (t * a.n_head + h) * hd;
+        float v[kMaxDims];
 #pragma unroll
-        for (int i = 0; i < kMaxDims; ++i) {
-            const int d = lane + 32 * i;
-            if (32 * i >= hd) break;
-            const float v = d < hd ? acc[i] / l : 0.0f;
-            if (d < hd) out[d] = v;
-            if (a.q_out) quantize_block(v, a.q_out[t * a.q_stride + (static_cast<int64_t>(h) * hd) / 32 + i], lane);
-        }
+        for (int i = 0; i < kMaxDims; ++i) v[i] = acc[i] / l;
+        write_head(a, t, h, lane, v);
     }
 
     static size_t smem(int head_dim) { return sizeof(float) * (kTileKeys * (head_dim + 1) + kTileKeys * head_dim + kTileRows * head_dim); }
@@ -360,9 +479,10 @@ Launch rope_kv(KvType kv, const RopeKvArgs& a) {
     throw std::logic_error("KV type");
 }
 
+// Kernel K with `smem` bytes of dynamic shared memory (allowed once, up to its most).
 template <class K>
-Launch tiled(dim3 grid, dim3 block, const AttentionArgs& a, size_t smem) {
-    static const bool sized = allow_smem<K>(K::smem(32 * kMaxDims));
+Launch with_smem(dim3 grid, dim3 block, const AttentionArgs& a, size_t smem, size_t most) {
+    static const bool sized = allow_smem<K>(most);
     (void)sized;
     return make_launch<K>(grid, block, a, smem);
 }
@@ -371,23 +491,34 @@ Launch attention(KvType kv, const AttentionArgs& a) {
     if (a.head_dim > 32 * kMaxDims) throw std::invalid_argument("the CUDA attention kernel takes head sizes up to 256");
     if (a.q_out && a.head_dim % 32 != 0) throw std::invalid_argument("quantized attention output needs head sizes that are multiples of 32");
     const int64_t group = a.n_head / a.n_head_kv;
-    if (a.n_tokens >= kPrefillKernelTokens && group <= kTileRows) {
-        const int64_t per_block = kTileRows / group;
-        const dim3 grid(static_cast<unsigned>((a.n_tokens + per_block - 1) / per_block), static_cast<unsigned>(a.n_head_kv)), block(32 * kTileRows);
-        const size_t smem = TiledAttention<KvType::F16>::smem(a.head_dim);
+    if (a.n_tokens >= kPrefillKernelTokens) {
+        const int64_t heads = std::min<int64_t>(group, kTileRows), chunks = (group + kTileRows - 1) / kTileRows, per_block = kTileRows / heads;
+        const dim3 grid(static_cast<unsigned>((a.n_tokens + per_block - 1) / per_block), static_cast<unsigned>(a.n_head_kv * chunks)),
+            block(32 * kTileRows);
+        const size_t smem = TiledAttention<KvType::F16>::smem(a.head_dim), most = TiledAttention<KvType::F16>::smem(32 * kMaxDims);
         switch (kv) {
-            case KvType::F16: return tiled<TiledAttention<KvType::F16>>(grid, block, a, smem);
-            case KvType::F32: return tiled<TiledAttention<KvType::F32>>(grid, block, a, smem);
-            case KvType::Q8_0: return tiled<TiledAttention<KvType::Q8_0>>(grid, block, a, smem);
+            case KvType::F16: return with_smem<TiledAttention<KvType::F16>>(grid, block, a, smem, most);
+            case KvType::F32: return with_smem<TiledAttention<KvType::F32>>(grid, block, a, smem, most);
+            case KvType::Q8_0: return with_smem<TiledAttention<KvType::Q8_0>>(grid, block, a, smem, most);
         }
     }
-    const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.n_head)), block(32 * kWarps);
+    if (!a.partial || !a.done) throw std::logic_error("the decode attention needs its scratch (attention_scratch)");
+    const int64_t chunks = (group + kSplitHeads - 1) / kSplitHeads;
+    const dim3 grid(static_cast<unsigned>(a.n_tokens * kSplits), static_cast<unsigned>(a.n_head_kv * chunks)), block(32 * kSplitWarps);
+    const size_t smem = SplitAttention<KvType::F16>::smem(a.head_dim, static_cast<int>(std::min<int64_t>(group, kSplitHeads)));
+    const size_t most = SplitAttention<KvType::F16>::smem(32 * kMaxDims, kSplitHeads);
     switch (kv) {
-        case KvType::F16: return make_launch<Attention<KvType::F16>>(grid, block, a);
-        case KvType::F32: return make_launch<Attention<KvType::F32>>(grid, block, a);
-        case KvType::Q8_0: return make_launch<Attention<KvType::Q8_0>>(grid, block, a);
+        case KvType::F16: return with_smem<SplitAttention<KvType::F16>>(grid, block, a, smem, most);
+        case KvType::F32: return with_smem<SplitAttention<KvType::F32>>(grid, block, a, smem, most);
+        case KvType::Q8_0: return with_smem<SplitAttention<KvType::Q8_0>>(grid, block, a, smem, most);
     }
     throw std::logic_error("KV type");
+}
+
+AttentionScratch attention_scratch(int64_t n_tokens, int32_t n_head, int32_t n_head_kv, int32_t head_dim) {
+    const int64_t tokens = std::min<int64_t>(n_tokens, kPrefillKernelTokens - 1);
+    const int64_t group = n_head / n_head_kv, chunks = (group + kSplitHeads - 1) / kSplitHeads;
+    return AttentionScratch{tokens * n_head * kSplits * (head_dim + 2), tokens * n_head_kv * chunks};
 }
 
 Launch glu(const GluArgs& a) {

@@ -177,6 +177,11 @@ public:
         arena_ = device_alloc<float>(total);
         sample_scratch_ = device_alloc<double>(static_cast<size_t>(c_.n_vocab));
         qbuf_ = device_alloc<uint8_t>(static_cast<size_t>(plan_.max_tokens * q_stride()) * qblock_bytes() + 256);  // GEMV reads whole 16 bytes
+        const AttentionScratch scratch = attention_scratch(plan_.max_tokens, static_cast<int32_t>(c_.n_head),
+                                                           static_cast<int32_t>(c_.n_head_kv), static_cast<int32_t>(c_.head_dim));
+        attn_partial_ = device_alloc<float>(static_cast<size_t>(scratch.partial));
+        attn_done_ = device_alloc<int32_t>(static_cast<size_t>(scratch.counters));
+        ER_CUDA(cudaMemset(attn_done_.get(), 0, static_cast<size_t>(scratch.counters) * sizeof(int32_t)));
         block_ = device_alloc<uint8_t>(step_block_bytes(plan_.max_tokens));
         host_block_ = pinned_alloc<StepBlock>(step_block_bytes(plan_.max_tokens));
         // RoPE inverse frequencies: the global base's, then the local layers' base's
@@ -393,6 +398,8 @@ private:
     int64_t width_[kBufCount] = {};
     int64_t widest_ = 32;                // widest quantized matmul input (the int8 buffer's row)
     DevicePtr<uint8_t> qbuf_;            // int8 activations of one buffer, max_tokens rows
+    DevicePtr<float> attn_partial_;      // the decode attention's partial results
+    DevicePtr<int32_t> attn_done_;       // and its counters
     DevicePtr<float> arena_, inv_freq_;  // inv_freq_: the global base's, then the local base's
     DevicePtr<uint8_t> block_;                         // the device step block
     std::unique_ptr<StepBlock, FreeHost> host_block_;  // its pinned staging copy
@@ -538,7 +545,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 out->push_back(attention(kv_->type, AttentionArgs{row(op.in, 0), kv_->k(l), kv_->v(l), row(op.out, 0), s.q_out ? qrow(0) : nullptr,
                                                        q_stride(), n, &b->pos0, kv_->capacity[static_cast<size_t>(l)], op.window, kv_->slot_bytes,
                                                        static_cast<int32_t>(c_.n_head), static_cast<int32_t>(c_.n_head_kv),
-                                                       static_cast<int32_t>(c_.head_dim)}));
+                                                       static_cast<int32_t>(c_.head_dim), attn_partial_.get(), attn_done_.get()}));
                 break;
             }
             case Step::Glu: out->push_back(glu(GluArgs{row(op.in, 0), row(Buf::UP, 0), n * width(op.in), s.glu})); break;
