@@ -9,11 +9,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "async_copy.cuh"
 #include "check.cuh"
@@ -96,54 +93,20 @@ struct Gemv {
 };
 
 // The one-token GEMV of the int8 formats, staged through shared memory. A block of eight warps
-// loads the int8 activations into shared memory once; each warp takes pairs of rows (two rows, or
-// a gate row and its up row) and streams them through a ring of three chunk buffers: every lane
-// copies 16-byte pieces of the raw bytes (cp.async), so three chunks are in flight while one is
+// loads the int8 activations into shared memory once; each warp takes two rows (or a gate row
+// and its up row) and streams them through a ring of three chunk buffers: every lane copies
+// 16-byte pieces of the raw bytes (cp.async), so three chunks per row are in flight while one is
 // computed, and the four-lanes-per-unit dot products read blocks and activations out of shared
-// memory. Global loads are thus full-width and coalesced whatever the block size (18, 20, 22, 24,
-// 34, 144, 176, 210 bytes), and the first chunks are requested before the kernel waits for its
-// input. The grid is no larger than what is resident at once: a warp walks pairs p, p + (warps
-// in the grid), ..., and its ring runs on from one pair's last chunk into the next pair's first,
-// so the loads of the next rows are in flight while this pair is finished (no waves of blocks,
-// each ramping up and draining).
+// memory. Global loads are thus full-width and coalesced whatever the block size (18, 20, 22,
+// 24, 34, 144, 176, 210 bytes), and the first chunks are requested before the kernel waits for
+// its input.
 constexpr int kStagedWarps = 8;
 constexpr int64_t kMaxStagedCols = 65536;  // activations of up to this many columns in shared memory (72 KiB)
 constexpr int kStage = 1024;               // bytes of one row per chunk (at most)
 constexpr int kStageBytes = kStage + 32;   // + room to start and end on 16-byte boundaries
 constexpr int kRing = 3;                   // chunk buffers per row
-constexpr int kSlots = 2;                  // rows per pair
+constexpr int kSlots = 2;                  // rows per warp
 constexpr size_t kWeightSmem = static_cast<size_t>(kStagedWarps) * kRing * kSlots * kStageBytes;
-
-// Pair `i` of a staged GEMV: gate row i and up row i, or rows 2i and 2i + 1 of the parts.
-struct RowPair {
-    const uint8_t* row[kSlots];  // null past the last row
-    int64_t r[kSlots];           // row within its part
-    int part[kSlots];
-};
-
-__device__ __forceinline__ RowPair row_pair(const GemvArgs& a, int64_t i) {
-    const bool gated = a.glu != Glu::None;
-    RowPair q;
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-        int64_t r = gated ? i : 2 * i + s;
-        int p = gated ? s : 0;
-        if (!gated) {
-            if (a.n_parts > 1 && r >= a.part[0].rows) r -= a.part[0].rows, p = 1;
-            if (p == 1 && a.n_parts > 2 && r >= a.part[1].rows) r -= a.part[1].rows, p = 2;
-        }
-        q.r[s] = r;
-        q.part[s] = p;
-        q.row[s] = r < field(a, p, &GemvPart::rows) ? field(a, p, &GemvPart::w) + static_cast<size_t>(r) * a.row_bytes : nullptr;
-    }
-    return q;
-}
-
-__host__ __device__ inline int64_t row_pairs(const GemvArgs& a) {
-    if (a.glu != Glu::None) return a.part[0].rows;
-    const int64_t rows = a.part[0].rows + (a.n_parts > 1 ? a.part[1].rows : 0) + (a.n_parts > 2 ? a.part[2].rows : 0);
-    return (rows + kSlots - 1) / kSlots;
-}
 
 template <TensorType T>
 struct GemvStaged {
@@ -156,40 +119,49 @@ struct GemvStaged {
         extern __shared__ uint4 smem[];
         allow_next();
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        const int64_t stride = static_cast<int64_t>(gridDim.x) * kStagedWarps, pairs = row_pairs(a);
-        const int64_t first = static_cast<int64_t>(blockIdx.x) * kStagedWarps + warp;
+        const int64_t wg = static_cast<int64_t>(blockIdx.x) * kStagedWarps + warp;
+        const bool gated = a.glu != Glu::None;
+        // the warp's two rows: gate row wg and up row wg, or rows 2wg and 2wg + 1 of the parts
+        const uint8_t* row[kSlots];
+        int64_t r[kSlots];
+        int part[kSlots];
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) {
+            r[s] = gated ? wg : 2 * wg + s;
+            part[s] = gated ? s : 0;
+            if (!gated) {
+                if (a.n_parts > 1 && r[s] >= a.part[0].rows) r[s] -= a.part[0].rows, part[s] = 1;
+                if (part[s] == 1 && a.n_parts > 2 && r[s] >= a.part[1].rows) r[s] -= a.part[1].rows, part[s] = 2;
+            }
+            row[s] = r[s] < field(a, part[s], &GemvPart::rows) ? field(a, part[s], &GemvPart::w) + static_cast<size_t>(r[s]) * a.row_bytes
+                                                              : nullptr;
+        }
 
         // chunks of equal block counts, each at most kStage bytes
         const int64_t n_blocks = a.cols / (32 * Q::kUnits);
         const int64_t n_chunks = (n_blocks + kStage / kBlockBytes - 1) / (kStage / kBlockBytes);
         const int64_t chunk_blocks = (n_blocks + n_chunks - 1) / n_chunks;
         uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + static_cast<size_t>(warp) * kRing * kSlots * kStageBytes;
-        auto buffer = [&](int slot, int s) { return stage + (slot * kSlots + s) * kStageBytes; };
-
-        // The copy cursor: chunk `ic` of pair `ip` goes into ring slot `islot` (one commit group
-        // per chunk, empty past the warp's last pair).
-        int64_t ip = first, ic = 0;
-        int islot = 0;
-        RowPair in = row_pair(a, ip);
-        auto issue = [&] {
-            if (ip < pairs) {
-                const int64_t b0 = ic * chunk_blocks, nb = min(chunk_blocks, n_blocks - b0);
+        // chunk c of row s: where it lands in ring buffer c % kRing
+        auto staged = [&](int64_t c, int s) {
+            return stage + ((c % kRing) * kSlots + s) * kStageBytes + (reinterpret_cast<uintptr_t>(row[s] + c * chunk_blocks * kBlockBytes) & 15);
+        };
+        // chunk c of the warp's rows into its ring buffer: one commit group (empty past the end)
+        auto issue = [&](int64_t c) {
+            if (c < n_chunks) {
+                const int64_t b0 = c * chunk_blocks, nb = min(chunk_blocks, n_blocks - b0);
 #pragma unroll
                 for (int s = 0; s < kSlots; ++s)
-                    if (in.row[s]) stage_copy(buffer(islot, s), in.row[s] + b0 * kBlockBytes, static_cast<size_t>(nb) * kBlockBytes, lane, 32);
-                if (++ic == n_chunks) {
-                    ic = 0;
-                    ip += stride;
-                    if (ip < pairs) in = row_pair(a, ip);
-                }
+                    if (row[s])
+                        stage_copy(stage + ((c % kRing) * kSlots + s) * kStageBytes, row[s] + b0 * kBlockBytes,
+                                   static_cast<size_t>(nb) * kBlockBytes, lane, 32);
             }
             commit();
-            islot = islot + 1 == kRing ? 0 : islot + 1;
         };
-        for (int c = 0; c < kRing; ++c) issue();
+        for (int c = 0; c < kRing; ++c) issue(c);
         wait_inputs();
-        // the activations, once for the block (plain 16-byte loads: the copy groups above stay
-        // the weights')
+        // the activations, once for the block's 16 rows (plain 16-byte loads: the copy groups
+        // above stay the weights')
         {
             const uintptr_t b = reinterpret_cast<uintptr_t>(a.xq), lo = b & ~uintptr_t{15};
             const uintptr_t hi = (b + static_cast<uintptr_t>(a.cols / 32) * sizeof(QBlock) + 15) & ~uintptr_t{15};
@@ -201,65 +173,42 @@ struct GemvStaged {
         const QBlock* xs = reinterpret_cast<const QBlock*>(reinterpret_cast<uint8_t*>(smem) + kWeightSmem +
                                                            (reinterpret_cast<uintptr_t>(a.xq) & 15));
 
+        float sum[kSlots] = {};
         const int k = lane % 4;
-        int slot = 0;
-        for (int64_t p = first; p < pairs; p += stride) {
-            const RowPair cur = row_pair(a, p);
-            float sum[kSlots] = {};
+        if (row[0])
             for (int64_t c = 0; c < n_chunks; ++c) {
-                wait_pending<kRing - 1>();  // this lane's pieces of the chunk have landed ...
+                wait_pending<kRing - 1>();  // this lane's pieces of chunk c have landed ...
                 __syncwarp();   // ... and every lane's
-                const int64_t b0 = c * chunk_blocks, units = min(chunk_blocks, n_blocks - b0) * Q::kUnits;
-                const QBlock* x = xs + b0 * Q::kUnits;
-                auto staged = [&](int s) {  // where the chunk's first block landed
-                    return buffer(slot, s) + (reinterpret_cast<uintptr_t>(cur.row[s] + b0 * kBlockBytes) & 15);
-                };
-                const uint8_t* w0 = staged(0);
-                const uint8_t* w1 = cur.row[1] ? staged(1) : nullptr;
+                const int64_t units = min(chunk_blocks, n_blocks - c * chunk_blocks) * Q::kUnits;
+                const QBlock* x = xs + c * chunk_blocks * Q::kUnits;
+                const uint8_t* w0 = staged(c, 0);
+                const uint8_t* w1 = row[1] ? staged(c, 1) : nullptr;
 #pragma unroll 4
                 for (int64_t u = lane / 4; u < units; u += 8) {
                     sum[0] += Q::dot(w0, u, k, x[u]);
                     if (w1) sum[1] += Q::dot(w1, u, k, x[u]);
                 }
                 __syncwarp();  // everyone is done with this buffer
-                issue();
-                slot = slot + 1 == kRing ? 0 : slot + 1;
+                issue(c + kRing);
             }
-            const float v0 = warp_sum(sum[0]), v1 = warp_sum(sum[1]);
-            if (lane == 0) {
-                if (a.glu != Glu::None) {
-                    a.part[0].y[cur.r[0]] = gate_act(a.glu, v0) * v1;
-                } else {
+        const float v0 = warp_sum(sum[0]), v1 = warp_sum(sum[1]);
+        if (lane == 0 && row[0]) {
+            if (gated) {
+                a.part[0].y[r[0]] = gate_act(a.glu, v0) * v1;
+            } else {
 #pragma unroll
-                    for (int s = 0; s < kSlots; ++s) {
-                        if (!cur.row[s]) continue;
-                        float v = s == 0 ? v0 : v1;
-                        if (const float* bias = field(a, cur.part[s], &GemvPart::bias)) v += bias[cur.r[s]];
-                        float* out = field(a, cur.part[s], &GemvPart::y) + cur.r[s];
-                        *out = a.accumulate ? *out + v : v;
-                    }
+                for (int s = 0; s < kSlots; ++s) {
+                    if (!row[s]) continue;
+                    float v = s == 0 ? v0 : v1;
+                    if (const float* bias = field(a, part[s], &GemvPart::bias)) v += bias[r[s]];
+                    float* out = field(a, part[s], &GemvPart::y) + r[s];
+                    *out = a.accumulate ? *out + v : v;
                 }
             }
         }
     }
 
     static size_t smem(const GemvArgs& a) { return kWeightSmem + static_cast<size_t>(a.cols / 32) * sizeof(QBlock) + 32; }
-
-    // Blocks resident at once with `smem` bytes of shared memory (the grid's size at most),
-    // asked of the occupancy calculator once per size.
-    static int64_t resident_blocks(size_t smem) {
-        static std::mutex mutex;
-        static std::vector<std::pair<size_t, int64_t>> known;
-        const std::lock_guard<std::mutex> lock(mutex);
-        for (const auto& [bytes, blocks] : known)
-            if (bytes == smem) return blocks;
-        int device = 0, sms = 0, per_sm = 0;
-        ER_CUDA(cudaGetDevice(&device));
-        ER_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-        ER_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, by_value<GemvStaged>, kStagedWarps * 32, smem));
-        known.emplace_back(smem, static_cast<int64_t>(sms) * std::max(per_sm, 1));
-        return known.back().second;
-    }
 };
 
 // A step of one token (decode) takes the one-token kernel; several tokens share weight loads
@@ -271,15 +220,14 @@ Launch launch(const GemvArgs& a) {
     const unsigned row_blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
     if constexpr (Quarter<T>::kFast)
         if (a.n_tokens == 1) {
+            const int64_t warps = a.glu != Glu::None ? rows : (rows + kSlots - 1) / kSlots;
             const size_t smem = GemvStaged<T>::smem(a);
             static const bool sized = allow_smem<GemvStaged<T>>(GemvStaged<T>::smem(GemvArgs{}) + kMaxStagedCols / 32 * sizeof(QBlock));
             (void)sized;
             if (smem > kWeightSmem + kMaxStagedCols / 32 * sizeof(QBlock) + 32)
                 throw std::invalid_argument("the CUDA GEMV takes rows of up to " + std::to_string(kMaxStagedCols) + " columns");
-            int64_t blocks = (row_pairs(a) + kStagedWarps - 1) / kStagedWarps;
-            static const bool waves = std::getenv("EDGERUNNER_CUDA_GEMV_WAVES") != nullptr;  // A/B: the grid of every pair (TODO remove)
-            if (!waves) blocks = std::min(blocks, GemvStaged<T>::resident_blocks(smem));
-            return make_launch<GemvStaged<T>>(dim3(static_cast<unsigned>(blocks)), dim3(32 * kStagedWarps), a, smem);
+            return make_launch<GemvStaged<T>>(dim3(static_cast<unsigned>((warps + kStagedWarps - 1) / kStagedWarps)),
+                                              dim3(32 * kStagedWarps), a, smem);
         }
     if (a.n_tokens == 1) return make_launch<Gemv<T, 1>>(dim3(row_blocks, 1), block, a);
     return make_launch<Gemv<T, 8>>(dim3(row_blocks, static_cast<unsigned>((a.n_tokens + 7) / 8)), block, a);

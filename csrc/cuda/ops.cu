@@ -22,16 +22,6 @@ struct Kv;
 template <>
 struct Kv<KvType::F16> {
     static __device__ float load(const uint8_t* slot, int d) { return __half2float(reinterpret_cast<const __half*>(slot)[d]); }
-    static __device__ void load8(const uint8_t* slot, int d, float* out) {  // d: a multiple of 8 (16-byte aligned)
-        const uint4 r = *reinterpret_cast<const uint4*>(slot + 2 * static_cast<size_t>(d));
-        const __half2* h = reinterpret_cast<const __half2*>(&r);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float2 f = __half22float2(h[i]);
-            out[2 * i] = f.x;
-            out[2 * i + 1] = f.y;
-        }
-    }
     static __device__ void store(uint8_t* slot, int64_t first, const float* x, int n) {
         for (int i = threadIdx.x; i < n; i += blockDim.x) reinterpret_cast<__half*>(slot)[first + i] = __float2half_rn(x[i]);
     }
@@ -40,11 +30,6 @@ struct Kv<KvType::F16> {
 template <>
 struct Kv<KvType::F32> {
     static __device__ float load(const uint8_t* slot, int d) { return reinterpret_cast<const float*>(slot)[d]; }
-    static __device__ void load8(const uint8_t* slot, int d, float* out) {
-        const float4* f = reinterpret_cast<const float4*>(slot + 4 * static_cast<size_t>(d));
-        const float4 a = f[0], b = f[1];
-        out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
-    }
     static __device__ void store(uint8_t* slot, int64_t first, const float* x, int n) {
         for (int i = threadIdx.x; i < n; i += blockDim.x) reinterpret_cast<float*>(slot)[first + i] = x[i];
     }
@@ -55,12 +40,6 @@ struct Kv<KvType::Q8_0> {  // heads of a multiple of 32 values (checked at prepa
     static __device__ float load(const uint8_t* slot, int d) {
         const block_q8_0& b = reinterpret_cast<const block_q8_0*>(slot)[d / 32];
         return h2f(b.d) * static_cast<float>(b.qs[d % 32]);
-    }
-    static __device__ void load8(const uint8_t* slot, int d, float* out) {
-        const block_q8_0& b = reinterpret_cast<const block_q8_0*>(slot)[d / 32];
-        const float scale = h2f(b.d);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) out[i] = scale * static_cast<float>(b.qs[d % 32 + i]);
     }
     static __device__ void store(uint8_t* slot, int64_t first, const float* x, int n) {
         const int lane = threadIdx.x % 32;
@@ -173,11 +152,12 @@ constexpr int kMaxDims = 8;  // head sizes up to 256: lane l holds dimensions l,
 
 // Head h of token t of the attention output (v: lane's dimensions, normalised), and its int8
 // copy for the output projection.
-__device__ __forceinline__ void write_head(const AttentionArgs& a, int64_t t, int h, int lane, const float (&v)[kMaxDims]) {
+template <int D>
+__device__ __forceinline__ void write_head(const AttentionArgs& a, int64_t t, int h, int lane, const float (&v)[D]) {
     const int hd = a.head_dim;
     float* out = a.out + (t * a.n_head + h) * hd;
 #pragma unroll
-    for (int i = 0; i < kMaxDims; ++i) {
+    for (int i = 0; i < D; ++i) {
         if (32 * i >= hd) break;
         const int d = lane + 32 * i;
         if (d < hd) out[d] = v[i];
@@ -186,126 +166,122 @@ __device__ __forceinline__ void write_head(const AttentionArgs& a, int64_t t, in
 }
 
 // Decode, and steps under kPrefillKernelTokens (flash-decoding): one block per (token, run of its
-// keys, KV head — and group of up to kSplitHeads query heads where a KV head serves more). The
-// block stages its run 32 keys at a time in shared memory as floats, once for all its query heads
-// (GQA); each of its four warps takes query heads warp, warp + 4, ...: lane j scores key j, the
-// running max and sum are updated once per tile, and the weights are broadcast to the lanes that
-// hold the output dimensions. A token's keys are cut into at most kSplits runs of whole tiles, at
-// least kSplitKeys keys each, from its position alone (so its arithmetic is the same whatever the
-// step size). With one run the block writes the output; with several, each block leaves its
-// (max, sum, unnormalised output) per head in `partial`, and the last of them to finish (a counter
-// in `done`, which it resets) merges the runs in order.
-constexpr int kTileKeys = 32;
-constexpr int kSplits = 32, kSplitKeys = 64, kSplitWarps = 4, kHeadsPerWarp = 4, kSplitHeads = kSplitWarps * kHeadsPerWarp;
+// keys, KV head — and set of up to kDecodeHeads of the query heads it serves). Each warp walks
+// every kDecodeWarps-th key of the run, two keys' rows loaded at a time; lanes hold head
+// dimensions (l, l + 32, ...), and each K row is scored against all the block's query heads and
+// each V row added into all their running outputs, so a row is read once for its whole group
+// (GQA). The warps' (max, sum, output) are merged in shared memory. A token's keys are cut into
+// at most kSplits runs of at least kSplitKeys keys, from its position alone (so its arithmetic
+// is the same whatever the step size). With one run the block writes the output; with several,
+// each block leaves its (max, sum, unnormalised output) per head in `partial`, and the last of
+// them to finish (a counter in `done`, which it resets) merges the runs in order.
+constexpr int kDecodeWarps = 8, kDecodeHeads = 4, kSplits = 32, kSplitKeys = 64;
 
-template <KvType K>
-struct SplitAttention {
+template <KvType K, int D>  // D: dimensions per lane (head sizes up to 32·D)
+struct DecodeAttention {
     using Args = AttentionArgs;
     static __device__ void run(const Args& a) {
-        extern __shared__ float smem[];
         allow_next();
         wait_inputs();
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        const int hd = a.head_dim, group = a.n_head / a.n_head_kv, chunks = (group + kSplitHeads - 1) / kSplitHeads;
+        const int hd = a.head_dim, group = a.n_head / a.n_head_kv, sets = (group + kDecodeHeads - 1) / kDecodeHeads;
         const int64_t t = blockIdx.x / kSplits;
         const int split = static_cast<int>(blockIdx.x % kSplits);
-        const int g = static_cast<int>(blockIdx.y) / chunks;                          // the KV head
-        const int h0 = g * group + (static_cast<int>(blockIdx.y) % chunks) * kSplitHeads;  // its first query head here
-        const int nh = min(kSplitHeads, (g + 1) * group - h0);
+        const int g = static_cast<int>(blockIdx.y) / sets;                             // the KV head
+        const int h0 = g * group + (static_cast<int>(blockIdx.y) % sets) * kDecodeHeads;  // its first query head here
+        const int nh = min(kDecodeHeads, (g + 1) * group - h0);
         const int64_t pos = *a.pos0 + t;
         const int64_t start = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
         const int64_t n_keys = pos - start + 1;
         const int64_t runs = min(static_cast<int64_t>(kSplits), (n_keys + kSplitKeys - 1) / kSplitKeys);
-        const int64_t per = ((n_keys + runs - 1) / runs + kTileKeys - 1) / kTileKeys * kTileKeys;
+        const int64_t per = (n_keys + runs - 1) / runs;
         const int n_split = static_cast<int>((n_keys + per - 1) / per);
         if (split >= n_split) return;
         const int64_t lo = start + split * per, hi = min(lo + per, pos + 1);  // keys [lo, hi)
+        const int head_off = g * hd;
 
-        const int ks = hd + 1;  // K rows padded: lane j reads row j without bank conflicts
-        float* kt = smem;                 // kTileKeys × ks
-        float* vt = kt + kTileKeys * ks;  // kTileKeys × hd
-        float* qs = vt + kTileKeys * hd;  // nh × hd, pre-scaled by 1/√d
+        float q[kDecodeHeads][D], acc[kDecodeHeads][D], m[kDecodeHeads], l[kDecodeHeads];
         const float scale = rsqrtf(static_cast<float>(hd));
-        for (int i = threadIdx.x; i < nh * hd; i += blockDim.x) qs[i] = a.q[(t * a.n_head + h0) * hd + i] * scale;
-        const size_t head_off = static_cast<size_t>(g) * hd;
-
-        float acc[kHeadsPerWarp][kMaxDims] = {}, m[kHeadsPerWarp], l[kHeadsPerWarp];
 #pragma unroll
-        for (int j = 0; j < kHeadsPerWarp; ++j) m[j] = -FLT_MAX, l[j] = 0.0f;
-        for (int64_t p0 = lo; p0 < hi; p0 += kTileKeys) {
-            const int n = static_cast<int>(min(static_cast<int64_t>(kTileKeys), hi - p0));
-            __syncthreads();  // the previous tile is consumed (and the queries are in)
-            if (hd % 8 == 0) {
-                for (int e = threadIdx.x; e < n * hd / 8; e += blockDim.x) {  // eight values a thread
-                    const int j = e / (hd / 8), d = 8 * (e % (hd / 8));
-                    const size_t slot = static_cast<size_t>((p0 + j) % a.capacity) * a.slot_bytes;
-                    float kv[8], vv[8];
-                    Kv<K>::load8(a.k_cache + slot, static_cast<int>(head_off) + d, kv);
-                    Kv<K>::load8(a.v_cache + slot, static_cast<int>(head_off) + d, vv);
+        for (int j = 0; j < kDecodeHeads; ++j) {
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) kt[j * ks + d + i] = kv[i], vt[j * hd + d + i] = vv[i];
-                }
-            } else {
-                for (int e = threadIdx.x; e < n * hd; e += blockDim.x) {
-                    const int j = e / hd, d = e % hd;
-                    const size_t slot = static_cast<size_t>((p0 + j) % a.capacity) * a.slot_bytes;
-                    kt[j * ks + d] = Kv<K>::load(a.k_cache + slot, static_cast<int>(head_off) + d);
-                    vt[j * hd + d] = Kv<K>::load(a.v_cache + slot, static_cast<int>(head_off) + d);
-                }
+            for (int i = 0; i < D; ++i) {
+                const int d = lane + 32 * i;
+                q[j][i] = j < nh && d < hd ? a.q[(t * a.n_head + h0 + j) * hd + d] * scale : 0.0f;
+                acc[j][i] = 0.0f;
             }
-            __syncthreads();
+            m[j] = -FLT_MAX, l[j] = 0.0f;
+        }
+        auto load_row = [&](const uint8_t* cache, int64_t p, float(&v)[D]) {
+            const uint8_t* slot = cache + static_cast<size_t>(p % a.capacity) * a.slot_bytes;
 #pragma unroll
-            for (int j = 0; j < kHeadsPerWarp; ++j) {
-                const int hh = warp + kSplitWarps * j;
-                if (hh >= nh) break;
-                float sc = -FLT_MAX;
-                if (lane < n) {
-                    const float* q = qs + hh * hd;
-                    const float* k = kt + lane * ks;
-                    float dot[4] = {};  // four chains of multiply-adds in flight
-                    int d = 0;
-                    for (; d + 4 <= hd; d += 4)
+            for (int i = 0; i < D; ++i) v[i] = lane + 32 * i < hd ? Kv<K>::load(slot, head_off + lane + 32 * i) : 0.0f;
+        };
+        auto add_key = [&](const float(&kr)[D], const float(&vr)[D]) {
 #pragma unroll
-                        for (int c = 0; c < 4; ++c) dot[c] += q[d + c] * k[d + c];
-                    for (; d < hd; ++d) dot[0] += q[d] * k[d];
-                    sc = (dot[0] + dot[1]) + (dot[2] + dot[3]);
-                }
-                const float m_new = fmaxf(m[j], warp_max(sc));
-                const float e = lane < n ? __expf(sc - m_new) : 0.0f, corr = __expf(m[j] - m_new);
-                l[j] = l[j] * corr + warp_sum(e);
+            for (int j = 0; j < kDecodeHeads; ++j) {
+                if (j >= nh) break;
+                float s = 0.0f;
 #pragma unroll
-                for (int i = 0; i < kMaxDims; ++i) acc[j][i] *= corr;
-                for (int key = 0; key < n; ++key) {
-                    const float w = __shfl_sync(0xFFFFFFFFu, e, key);
+                for (int i = 0; i < D; ++i) s += q[j][i] * kr[i];
+                s = warp_sum(s);
+                const float m_new = fmaxf(m[j], s);
+                const float corr = __expf(m[j] - m_new), e = __expf(s - m_new);
+                l[j] = l[j] * corr + e;
 #pragma unroll
-                    for (int i = 0; i < kMaxDims; ++i)
-                        if (lane + 32 * i < hd) acc[j][i] += w * vt[key * hd + lane + 32 * i];
-                }
+                for (int i = 0; i < D; ++i) acc[j][i] = acc[j][i] * corr + e * vr[i];
                 m[j] = m_new;
             }
+        };
+        for (int64_t p = lo + warp; p < hi; p += 2 * kDecodeWarps) {
+            float k0[D], v0[D], k1[D], v1[D];
+            const bool two = p + kDecodeWarps < hi;
+            load_row(a.k_cache, p, k0);
+            load_row(a.v_cache, p, v0);
+            if (two) {
+                load_row(a.k_cache, p + kDecodeWarps, k1);
+                load_row(a.v_cache, p + kDecodeWarps, v1);
+            }
+            add_key(k0, v0);
+            if (two) add_key(k1, v1);
         }
 
-        if (n_split == 1) {
+        // the warps' states, merged per head by warp j < nh (a warp that saw no key has l = 0)
+        __shared__ float sm[kDecodeWarps][kDecodeHeads], sl[kDecodeWarps][kDecodeHeads], sacc[kDecodeWarps][kDecodeHeads][32 * D];
 #pragma unroll
-            for (int j = 0; j < kHeadsPerWarp; ++j) {
-                if (warp + kSplitWarps * j >= nh) break;
-                float v[kMaxDims];
+        for (int j = 0; j < kDecodeHeads; ++j) {
+            if (lane == 0) sm[warp][j] = m[j], sl[warp][j] = l[j];
 #pragma unroll
-                for (int i = 0; i < kMaxDims; ++i) v[i] = acc[j][i] / l[j];
-                write_head(a, t, h0 + warp + kSplitWarps * j, lane, v);
+            for (int i = 0; i < D; ++i) sacc[warp][j][lane + 32 * i] = acc[j][i];
+        }
+        __syncthreads();
+        const bool merger = warp < nh;
+        float v[D] = {}, mx = -FLT_MAX, denom = 0.0f;
+        if (merger) {
+            for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, sm[w][warp]);
+            for (int w = 0; w < kDecodeWarps; ++w) {
+                if (sl[w][warp] == 0.0f) continue;
+                const float f = __expf(sm[w][warp] - mx);
+                denom += sl[w][warp] * f;
+#pragma unroll
+                for (int i = 0; i < D; ++i) v[i] += sacc[w][warp][lane + 32 * i] * f;
             }
+        }
+        if (n_split == 1) {
+            if (!merger) return;
+#pragma unroll
+            for (int i = 0; i < D; ++i) v[i] /= denom;
+            write_head(a, t, h0 + warp, lane, v);
             return;
         }
-        // (max, sum, unnormalised output) of each head for this run: hd + 2 floats
+        // this run's (max, sum, unnormalised output) of each head: hd + 2 floats
         const int64_t stride = static_cast<int64_t>(kSplits) * (hd + 2);
+        if (merger) {
+            float* part = a.partial + (t * a.n_head + h0 + warp) * stride + static_cast<int64_t>(split) * (hd + 2);
 #pragma unroll
-        for (int j = 0; j < kHeadsPerWarp; ++j) {
-            if (warp + kSplitWarps * j >= nh) break;
-            float* part = a.partial + (t * a.n_head + h0 + warp + kSplitWarps * j) * stride + static_cast<int64_t>(split) * (hd + 2);
-#pragma unroll
-            for (int i = 0; i < kMaxDims; ++i)
-                if (lane + 32 * i < hd) part[lane + 32 * i] = acc[j][i];
-            if (lane == 0) part[hd] = m[j], part[hd + 1] = l[j];
+            for (int i = 0; i < D; ++i)
+                if (lane + 32 * i < hd) part[lane + 32 * i] = v[i];
+            if (lane == 0) part[hd] = mx, part[hd + 1] = denom;
         }
         __threadfence();  // the partials are visible device-wide before the count says so
         __syncthreads();
@@ -316,33 +292,26 @@ struct SplitAttention {
             if (last) *done = 0;  // ready for the next step
         }
         __syncthreads();
-        if (!last) return;
+        if (!last || !merger) return;
         __threadfence();
+        const float* part = a.partial + (t * a.n_head + h0 + warp) * stride;
+        // lane r holds run r's max and sum (kSplits = 32 runs at most)
+        const float mr = lane < n_split ? __ldcg(part + lane * (hd + 2) + hd) : -FLT_MAX;
+        const float lr = lane < n_split ? __ldcg(part + lane * (hd + 2) + hd + 1) : 0.0f;
+        const float m_all = warp_max(mr);
+        const float wr = lane < n_split ? __expf(mr - m_all) : 0.0f;
+        const float l_all = warp_sum(lr * wr);
+        float out[D] = {};
+        for (int r = 0; r < n_split; ++r) {
+            const float w = __shfl_sync(0xFFFFFFFFu, wr, r);
 #pragma unroll
-        for (int j = 0; j < kHeadsPerWarp; ++j) {
-            if (warp + kSplitWarps * j >= nh) break;
-            const int h = h0 + warp + kSplitWarps * j;
-            const float* part = a.partial + (t * a.n_head + h) * stride;
-            // lane s holds run s's max and sum (kSplits = 32 runs at most)
-            const float ms = lane < n_split ? __ldcg(part + lane * (hd + 2) + hd) : -FLT_MAX;
-            const float ls = lane < n_split ? __ldcg(part + lane * (hd + 2) + hd + 1) : 0.0f;
-            const float mx = warp_max(ms);
-            const float wgt = lane < n_split ? __expf(ms - mx) : 0.0f;
-            const float denom = warp_sum(ls * wgt);
-            float v[kMaxDims] = {};
-            for (int s = 0; s < n_split; ++s) {
-                const float w = __shfl_sync(0xFFFFFFFFu, wgt, s);
-#pragma unroll
-                for (int i = 0; i < kMaxDims; ++i)
-                    if (lane + 32 * i < hd) v[i] += w * __ldcg(part + s * (hd + 2) + lane + 32 * i);
-            }
-#pragma unroll
-            for (int i = 0; i < kMaxDims; ++i) v[i] /= denom;
-            write_head(a, t, h, lane, v);
+            for (int i = 0; i < D; ++i)
+                if (lane + 32 * i < hd) out[i] += w * __ldcg(part + r * (hd + 2) + lane + 32 * i);
         }
+#pragma unroll
+        for (int i = 0; i < D; ++i) out[i] /= l_all;
+        write_head(a, t, h0 + warp, lane, out);
     }
-
-    static size_t smem(int head_dim, int heads) { return sizeof(float) * (kTileKeys * (head_dim + 1) + kTileKeys * head_dim + heads * head_dim); }
 };
 
 // Prefill (chunks of kPrefillKernelTokens or more): one block per (run of tokens, KV head),
@@ -352,7 +321,7 @@ struct SplitAttention {
 // value is read once per block rather than once per row; within a tile lane j scores key j, the
 // running max and sum are updated once per tile, and the weights are broadcast to the lanes that
 // hold the output dimensions (l, l + 32, ...).
-constexpr int kTileRows = 16;
+constexpr int kTileKeys = 32, kTileRows = 16;
 
 template <KvType K>
 struct TiledAttention {
@@ -503,22 +472,25 @@ Launch attention(KvType kv, const AttentionArgs& a) {
         }
     }
     if (!a.partial || !a.done) throw std::logic_error("the decode attention needs its scratch (attention_scratch)");
-    const int64_t chunks = (group + kSplitHeads - 1) / kSplitHeads;
-    const dim3 grid(static_cast<unsigned>(a.n_tokens * kSplits), static_cast<unsigned>(a.n_head_kv * chunks)), block(32 * kSplitWarps);
-    const size_t smem = SplitAttention<KvType::F16>::smem(a.head_dim, static_cast<int>(std::min<int64_t>(group, kSplitHeads)));
-    const size_t most = SplitAttention<KvType::F16>::smem(32 * kMaxDims, kSplitHeads);
+    const int64_t sets = (group + kDecodeHeads - 1) / kDecodeHeads;
+    const dim3 grid(static_cast<unsigned>(a.n_tokens * kSplits), static_cast<unsigned>(a.n_head_kv * sets)), block(32 * kDecodeWarps);
+    const int dims = (a.head_dim + 31) / 32;
     switch (kv) {
-        case KvType::F16: return with_smem<SplitAttention<KvType::F16>>(grid, block, a, smem, most);
-        case KvType::F32: return with_smem<SplitAttention<KvType::F32>>(grid, block, a, smem, most);
-        case KvType::Q8_0: return with_smem<SplitAttention<KvType::Q8_0>>(grid, block, a, smem, most);
+#define ER_DECODE(KV)                                                                          \
+    case KvType::KV:                                                                           \
+        if (dims <= 2) return make_launch<DecodeAttention<KvType::KV, 2>>(grid, block, a);    \
+        if (dims <= 4) return make_launch<DecodeAttention<KvType::KV, 4>>(grid, block, a);    \
+        return make_launch<DecodeAttention<KvType::KV, 8>>(grid, block, a);
+        ER_DECODE(F16) ER_DECODE(F32) ER_DECODE(Q8_0)
+#undef ER_DECODE
     }
     throw std::logic_error("KV type");
 }
 
 AttentionScratch attention_scratch(int64_t n_tokens, int32_t n_head, int32_t n_head_kv, int32_t head_dim) {
     const int64_t tokens = std::min<int64_t>(n_tokens, kPrefillKernelTokens - 1);
-    const int64_t group = n_head / n_head_kv, chunks = (group + kSplitHeads - 1) / kSplitHeads;
-    return AttentionScratch{tokens * n_head * kSplits * (head_dim + 2), tokens * n_head_kv * chunks};
+    const int64_t group = n_head / n_head_kv, sets = (group + kDecodeHeads - 1) / kDecodeHeads;
+    return AttentionScratch{tokens * n_head * kSplits * (head_dim + 2), tokens * n_head_kv * sets};
 }
 
 Launch glu(const GluArgs& a) {
