@@ -109,23 +109,29 @@ def test_cuda_kv_cache_precisions_match_the_cpu_backend(tmp_path, kv_type, windo
     assert_matches_cpu(gpu, cpu, prompt(np.random.default_rng(9), 40), 0.03, label=f"kv {kv_type} window {window}")
 
 
+# (head size, query heads, KV heads): the tensor-core prefill attention takes head sizes 64 and
+# 128, the shared-tile kernel the others; 18 query heads on one KV head are more than a block's 16
+LONG_SHAPES = {"hd32-group18": (32, 18, 1), "hd64-group3": (64, 6, 2), "hd128-group4": (128, 8, 2)}
+
+
+@pytest.mark.parametrize("shape", LONG_SHAPES)
 @pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
 @pytest.mark.parametrize("window", [0, 700])
-def test_cuda_long_context_decode_matches_the_cpu_backend(tmp_path, kv_type, window):
-    """Decode where a token's keys are split over many blocks (runs of 64+ keys, up to 32 runs,
-    merged by the last block): a 2300-token prompt (chunks of 512: the tiled prefill attention),
-    then 8 decode steps at 2300+ positions (24 runs; 11 over a 700-position window, in a ring
-    cache), with one KV head serving 18 query heads (more than a block's 16: two blocks per head
-    group, in prefill and decode), against the CPU backend with the same KV precision: logits
-    within 3 % of the logit range."""
+def test_cuda_long_context_matches_the_cpu_backend(tmp_path, shape, kv_type, window):
+    """A 2300-token prompt in chunks of 512 (prefill attention over up to 2300 keys, over a
+    700-position window in a ring cache where windowed), then 8 decode steps at 2300+ positions,
+    where a token's keys are split over many blocks (runs of 64+ keys, up to 32 runs, merged by
+    the last block: 24 runs here, 11 over the window), against the CPU backend with the same KV
+    precision: logits within 3 % of the logit range."""
     from edgerunner.model_builder import write_random_model
 
+    head_dim, n_heads, n_kv_heads = LONG_SHAPES[shape]
     path = tmp_path / "m.gguf"
-    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=21, dim=576, n_heads=18, n_kv_heads=1,
-                       context_length=4096, **(dict(window=window) if window else {}))
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=21, dim=head_dim * n_heads, n_heads=n_heads,
+                       n_kv_heads=n_kv_heads, context_length=4096, **(dict(window=window) if window else {}))
     gpu = _core.Model.load(str(path), backend="cuda", kv_type=kv_type, prefill_chunk=512)
     cpu = _core.Model.load(str(path), backend="cpu", kv_type=kv_type, prefill_chunk=512)
-    assert_matches_cpu(gpu, cpu, prompt(np.random.default_rng(4), 2300), 0.03, label=f"kv {kv_type} window {window}")
+    assert_matches_cpu(gpu, cpu, prompt(np.random.default_rng(4), 2300), 0.03, label=f"{shape} kv {kv_type} window {window}")
 
 
 DISPATCH = ("eager", "argument_buffers", "recorded")

@@ -1,6 +1,7 @@
 // The CUDA backend's per-op kernels; see ops.cuh.
 #include <algorithm>
 #include <cfloat>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -13,6 +14,12 @@
 namespace edgerunner::cuda {
 namespace {
 
+// Two floats as one f16 pair (the first in the low half), as the tensor cores read them.
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
 // A KV slot in the cache's precision: value d of a slot, and a head's values stored into it
 // (a whole block of threads; q8_0 per 32 values by one warp: d = max|v| / 127, q = round(v / d),
 // as the CPU stores them).
@@ -22,6 +29,8 @@ struct Kv;
 template <>
 struct Kv<KvType::F16> {
     static __device__ float load(const uint8_t* slot, int d) { return __half2float(reinterpret_cast<const __half*>(slot)[d]); }
+    // values d .. d + 7 (d a multiple of 8) as four f16 pairs
+    static __device__ uint4 load8(const uint8_t* slot, int d) { return *reinterpret_cast<const uint4*>(slot + 2 * static_cast<size_t>(d)); }
     static __device__ void store(uint8_t* slot, int64_t first, const float* x, int n) {
         for (int i = threadIdx.x; i < n; i += blockDim.x) reinterpret_cast<__half*>(slot)[first + i] = __float2half_rn(x[i]);
     }
@@ -30,6 +39,11 @@ struct Kv<KvType::F16> {
 template <>
 struct Kv<KvType::F32> {
     static __device__ float load(const uint8_t* slot, int d) { return reinterpret_cast<const float*>(slot)[d]; }
+    static __device__ uint4 load8(const uint8_t* slot, int d) {
+        const float4* f = reinterpret_cast<const float4*>(slot + 4 * static_cast<size_t>(d));
+        const float4 a = f[0], b = f[1];
+        return uint4{pack_half2(a.x, a.y), pack_half2(a.z, a.w), pack_half2(b.x, b.y), pack_half2(b.z, b.w)};
+    }
     static __device__ void store(uint8_t* slot, int64_t first, const float* x, int n) {
         for (int i = threadIdx.x; i < n; i += blockDim.x) reinterpret_cast<float*>(slot)[first + i] = x[i];
     }
@@ -40,6 +54,13 @@ struct Kv<KvType::Q8_0> {  // heads of a multiple of 32 values (checked at prepa
     static __device__ float load(const uint8_t* slot, int d) {
         const block_q8_0& b = reinterpret_cast<const block_q8_0*>(slot)[d / 32];
         return h2f(b.d) * static_cast<float>(b.qs[d % 32]);
+    }
+    static __device__ uint4 load8(const uint8_t* slot, int d) {
+        const block_q8_0& b = reinterpret_cast<const block_q8_0*>(slot)[d / 32];
+        const float scale = h2f(b.d);
+        const int8_t* q = b.qs + d % 32;
+        return uint4{pack_half2(scale * q[0], scale * q[1]), pack_half2(scale * q[2], scale * q[3]), pack_half2(scale * q[4], scale * q[5]),
+                     pack_half2(scale * q[6], scale * q[7])};
     }
     static __device__ void store(uint8_t* slot, int64_t first, const float* x, int n) {
         const int lane = threadIdx.x % 32;
@@ -193,7 +214,7 @@ struct DecodeAttention {
         const int64_t pos = *a.pos0 + t;
         const int64_t start = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
         const int64_t n_keys = pos - start + 1;
-        const int64_t runs = min(static_cast<int64_t>(kSplits), (n_keys + kSplitKeys - 1) / kSplitKeys);
+        const int64_t runs = min(static_cast<int64_t>(kSplits), (n_keys + a.split_keys - 1) / a.split_keys);
         const int64_t per = (n_keys + runs - 1) / runs;
         const int n_split = static_cast<int>((n_keys + per - 1) / per);
         if (split >= n_split) return;
@@ -406,6 +427,184 @@ struct TiledAttention {
     static size_t smem(int head_dim) { return sizeof(float) * (kTileKeys * (head_dim + 1) + kTileKeys * head_dim + kTileRows * head_dim); }
 };
 
+// Prefill on the tensor cores (head sizes 64 and 128): the step's query rows of one KV head —
+// (token, head of its group) pairs, n_tokens × group of them — in blocks of 64, 16 per warp,
+// held as f16 A fragments pre-scaled by log2(e)/√d. Keys and values are staged 64 at a time in
+// shared memory as f16 (rows padded by 8 halves: ldmatrix without bank conflicts); S = Q Kᵀ by
+// mma.m16n8k16 with f32 sums, masked per row (causal, window), an online softmax on the
+// fragments (a row's 64 scores spread over the four lanes of a quad), and O += P V by mma with
+// P taken straight from S's fragments as f16 and V's fragments loaded transposed. No score
+// matrix is stored. The rows are finished through shared memory, a row per warp pass, as the
+// other attention kernels write them (write_head).
+constexpr int kFlashWarps = 4, kFlashKeys = 64;
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8×8 f16 matrices from shared memory (lane i gives row i % 8 of matrix i / 8), or their
+// transposes.
+template <bool Trans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    if constexpr (Trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+template <KvType K, int HD>
+struct FlashAttention {
+    using Args = AttentionArgs;
+    static constexpr int kRow = HD + 8;  // halves per staged key or value row
+
+    static __device__ void run(const Args& a) {
+        extern __shared__ float smem[];
+        __half* ks = reinterpret_cast<__half*>(smem);  // kFlashKeys × kRow
+        __half* vs = ks + kFlashKeys * kRow;
+        allow_next();
+        wait_inputs();
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+        const int group = a.n_head / a.n_head_kv, g = static_cast<int>(blockIdx.y);
+        const int64_t rows = a.n_tokens * group, r0 = static_cast<int64_t>(blockIdx.x) * kFlashWarps * 16;
+        const int64_t pos0 = *a.pos0;
+        auto first_key = [&](int64_t pos) { return a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : int64_t{0}; };
+        // the block's keys [lo, hi]: from its first row's window to its last row's position
+        const int64_t lo = first_key(pos0 + r0 / group), hi = pos0 + (min(r0 + kFlashWarps * 16, rows) - 1) / group;
+
+        // this lane's two rows (gq and gq + 8 of the warp's 16): which keys each sees
+        int64_t row_pos[2], row_lo[2];
+        uint32_t qa[HD / 16][4];
+        const float qscale = rsqrtf(static_cast<float>(HD)) * 1.4426950408889634f;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int64_t r = r0 + 16 * warp + gq + 8 * e;
+            const bool ok = r < rows;
+            const int64_t t = ok ? r / group : 0;
+            row_pos[e] = ok ? pos0 + t : -1;  // a row past the end sees no key
+            row_lo[e] = first_key(pos0 + t);
+            const float* q = a.q + (t * a.n_head + g * group + r % group) * HD;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; ++kk)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const float2 v = ok ? *reinterpret_cast<const float2*>(q + 16 * kk + 8 * c + 2 * tq) : float2{0.0f, 0.0f};
+                    qa[kk][e + 2 * c] = pack_half2(v.x * qscale, v.y * qscale);
+                }
+        }
+
+        float o[HD / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+        const size_t head_off = static_cast<size_t>(g) * HD;
+        for (int64_t p0 = lo; p0 <= hi; p0 += kFlashKeys) {
+            const int n = static_cast<int>(min(static_cast<int64_t>(kFlashKeys), hi - p0 + 1));
+            __syncthreads();  // the previous tile is consumed
+            for (int e = threadIdx.x; e < kFlashKeys * HD / 8; e += blockDim.x) {  // 8 values a thread and step
+                const int j = e / (HD / 8), d = 8 * (e % (HD / 8));
+                uint4 kv = {0, 0, 0, 0}, vv = {0, 0, 0, 0};  // rows past the tile: zeros (their scores are masked)
+                if (j < n) {
+                    const size_t slot = static_cast<size_t>((p0 + j) % a.capacity) * a.slot_bytes;
+                    kv = Kv<K>::load8(a.k_cache + slot, static_cast<int>(head_off) + d);
+                    vv = Kv<K>::load8(a.v_cache + slot, static_cast<int>(head_off) + d);
+                }
+                *reinterpret_cast<uint4*>(ks + j * kRow + d) = kv;
+                *reinterpret_cast<uint4*>(vs + j * kRow + d) = vv;
+            }
+            __syncthreads();
+
+            // S = Q Kᵀ: 8 tiles of 8 keys; ldmatrix gives two key tiles' B fragments at a time
+            float sc[kFlashKeys / 8][4] = {};
+#pragma unroll
+            for (int np = 0; np < kFlashKeys / 16; ++np)
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; ++kk) {
+                    uint32_t b[4];
+                    ldmatrix_x4<false>(b, ks + (16 * np + (lane / 16) * 8 + lane % 8) * kRow + 16 * kk + ((lane / 8) % 2) * 8);
+                    mma_f16(sc[2 * np], qa[kk], b[0], b[1]);
+                    mma_f16(sc[2 * np + 1], qa[kk], b[2], b[3]);
+                }
+            // mask, then the online softmax per row (a row's scores over the four lanes of a quad)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < kFlashKeys / 8; ++nt)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        const int j = 8 * nt + 2 * tq + c;
+                        const int64_t p = p0 + j;
+                        const bool seen = j < n && p >= row_lo[e] && p <= row_pos[e];
+                        float& v = sc[nt][2 * e + c];
+                        v = seen ? v : -INFINITY;
+                        mx = fmaxf(mx, v);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
+                const float m_new = fmaxf(m[e], mx);
+                const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row that has seen nothing yet
+                const float corr = exp2f(m[e] - base);
+                float sum = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < kFlashKeys / 8; ++nt)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        float& v = sc[nt][2 * e + c];
+                        v = exp2f(v - base);
+                        sum += v;
+                    }
+                l[e] = l[e] * corr + sum;  // this lane's share; the quad's are added at the end
+#pragma unroll
+                for (int dt = 0; dt < HD / 8; ++dt) o[dt][2 * e] *= corr, o[dt][2 * e + 1] *= corr;
+                m[e] = m_new;
+            }
+            // O += P V: P's A fragments are S's accumulators, 16 keys per step
+#pragma unroll
+            for (int kk = 0; kk < kFlashKeys / 16; ++kk) {
+                const uint32_t pa[4] = {pack_half2(sc[2 * kk][0], sc[2 * kk][1]), pack_half2(sc[2 * kk][2], sc[2 * kk][3]),
+                                        pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+                for (int dp = 0; dp < HD / 16; ++dp) {
+                    uint32_t b[4];
+                    ldmatrix_x4<true>(b, vs + (16 * kk + ((lane / 8) % 2) * 8 + lane % 8) * kRow + 16 * dp + (lane / 16) * 8);
+                    mma_f16(o[2 * dp], pa, b[0], b[1]);
+                    mma_f16(o[2 * dp + 1], pa, b[2], b[3]);
+                }
+            }
+        }
+
+        // the rows' sums over their quads, O / l into shared memory (the tiles are done), then
+        // each warp writes its 16 rows
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            l[e] += __shfl_xor_sync(0xFFFFFFFFu, l[e], 1);
+            l[e] += __shfl_xor_sync(0xFFFFFFFFu, l[e], 2);
+        }
+        __syncthreads();
+        float* os = reinterpret_cast<float*>(smem) + warp * 16 * HD;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; ++dt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) os[(gq + 8 * e) * HD + 8 * dt + 2 * tq + c] = l[e] > 0.0f ? o[dt][2 * e + c] / l[e] : 0.0f;
+        __syncwarp();
+        for (int i = 0; i < 16; ++i) {
+            const int64_t r = r0 + 16 * warp + i;
+            if (r >= rows) break;
+            float v[HD / 32];
+#pragma unroll
+            for (int k = 0; k < HD / 32; ++k) v[k] = os[i * HD + lane + 32 * k];
+            write_head(a, r / group, g * group + static_cast<int>(r % group), lane, v);
+        }
+    }
+
+    static constexpr size_t smem() {
+        const size_t tiles = 2 * kFlashKeys * kRow * sizeof(__half), rows = kFlashWarps * 16 * HD * sizeof(float);
+        return tiles > rows ? tiles : rows;
+    }
+};
+
 struct GatedAct {
     using Args = GluArgs;
     static __device__ void run(const Args& a) {
@@ -460,6 +659,20 @@ Launch attention(KvType kv, const AttentionArgs& a) {
     if (a.head_dim > 32 * kMaxDims) throw std::invalid_argument("the CUDA attention kernel takes head sizes up to 256");
     if (a.q_out && a.head_dim % 32 != 0) throw std::invalid_argument("quantized attention output needs head sizes that are multiples of 32");
     const int64_t group = a.n_head / a.n_head_kv;
+    if (a.n_tokens >= kPrefillKernelTokens && (a.head_dim == 64 || a.head_dim == 128)) {
+        const dim3 grid(static_cast<unsigned>((a.n_tokens * group + 16 * kFlashWarps - 1) / (16 * kFlashWarps)), static_cast<unsigned>(a.n_head_kv)),
+            block(32 * kFlashWarps);
+        switch (kv) {
+#define ER_FLASH(KV)                                                                                                              \
+    case KvType::KV:                                                                                                              \
+        if (a.head_dim == 64) return with_smem<FlashAttention<KvType::KV, 64>>(grid, block, a, FlashAttention<KvType::KV, 64>::smem(), \
+                                                                               FlashAttention<KvType::KV, 64>::smem());            \
+        return with_smem<FlashAttention<KvType::KV, 128>>(grid, block, a, FlashAttention<KvType::KV, 128>::smem(),                 \
+                                                          FlashAttention<KvType::KV, 128>::smem());
+            ER_FLASH(F16) ER_FLASH(F32) ER_FLASH(Q8_0)
+#undef ER_FLASH
+        }
+    }
     if (a.n_tokens >= kPrefillKernelTokens) {
         const int64_t heads = std::min<int64_t>(group, kTileRows), chunks = (group + kTileRows - 1) / kTileRows, per_block = kTileRows / heads;
         const dim3 grid(static_cast<unsigned>((a.n_tokens + per_block - 1) / per_block), static_cast<unsigned>(a.n_head_kv * chunks)),
@@ -475,12 +688,15 @@ Launch attention(KvType kv, const AttentionArgs& a) {
     const int64_t sets = (group + kDecodeHeads - 1) / kDecodeHeads;
     const dim3 grid(static_cast<unsigned>(a.n_tokens * kSplits), static_cast<unsigned>(a.n_head_kv * sets)), block(32 * kDecodeWarps);
     const int dims = (a.head_dim + 31) / 32;
+    AttentionArgs d = a;
+    static const int split_keys = std::getenv("EDGERUNNER_CUDA_SPLIT_KEYS") ? std::atoi(std::getenv("EDGERUNNER_CUDA_SPLIT_KEYS")) : kSplitKeys;  // A/B (TODO remove)
+    d.split_keys = split_keys;
     switch (kv) {
 #define ER_DECODE(KV)                                                                          \
     case KvType::KV:                                                                           \
-        if (dims <= 2) return make_launch<DecodeAttention<KvType::KV, 2>>(grid, block, a);    \
-        if (dims <= 4) return make_launch<DecodeAttention<KvType::KV, 4>>(grid, block, a);    \
-        return make_launch<DecodeAttention<KvType::KV, 8>>(grid, block, a);
+        if (dims <= 2) return make_launch<DecodeAttention<KvType::KV, 2>>(grid, block, d);    \
+        if (dims <= 4) return make_launch<DecodeAttention<KvType::KV, 4>>(grid, block, d);    \
+        return make_launch<DecodeAttention<KvType::KV, 8>>(grid, block, d);
         ER_DECODE(F16) ER_DECODE(F32) ER_DECODE(Q8_0)
 #undef ER_DECODE
     }
