@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -45,10 +46,11 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
                  : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
 
-template <TensorType T>
+template <TensorType T, int MinBlocks>
 struct Gemm {
     using Args = GemvArgs;
     using M = MmaUnit<T>;
+    static constexpr int kBlockThreads = kThreads, kMinBlocks = MinBlocks;  // launch bounds (launch.cuh)
     static constexpr int kTileUnits = M::kUnits == 8 ? 8 : 4;  // 32-element units per K tile
     static constexpr int kRawBytes = kTileUnits / M::kUnits * static_cast<int>(sizeof(typename M::Block));  // a row's bytes per tile
     static constexpr int kRowStride = pad_stride(kRawBytes + 15);   // + room to start on the source's 16-byte phase
@@ -233,9 +235,9 @@ struct Gemm {
     }
 };
 
-template <TensorType T>
-Launch launch(const GemvArgs& a) {
-    using K = Gemm<T>;
+template <TensorType T, int MinBlocks>
+Launch launch_with(const GemvArgs& a) {
+    using K = Gemm<T, MinBlocks>;
     static const bool sized = allow_smem<K>(K::kSmem);
     (void)sized;
     const int64_t rows = a.glu != Glu::None ? a.part[0].rows
@@ -243,6 +245,12 @@ Launch launch(const GemvArgs& a) {
     const int64_t per_block = a.glu != Glu::None ? kBM / 2 : kBM;
     return make_launch<K>(dim3(static_cast<unsigned>((rows + per_block - 1) / per_block), static_cast<unsigned>((a.n_tokens + kBN - 1) / kBN)),
                           dim3(kThreads), a, K::kSmem);
+}
+
+template <TensorType T>
+Launch launch(const GemvArgs& a) {
+    static const bool two = std::getenv("EDGERUNNER_CUDA_GEMM_TWO_BLOCKS") != nullptr;  // A/B (TODO remove)
+    return two ? launch_with<T, 2>(a) : launch_with<T, 1>(a);
 }
 
 }  // namespace

@@ -57,6 +57,35 @@ __global__ void by_table(const typename K::Args* __restrict__ a) {
     K::run(*a);
 }
 
+// A kernel that declares `kBlockThreads` and `kMinBlocks` gets entry points with launch bounds:
+// the compiler fits its registers so that kMinBlocks blocks of kBlockThreads share an SM.
+template <class K, class = void>
+constexpr bool kBounded = false;
+template <class K>
+constexpr bool kBounded<K, std::void_t<decltype(K::kMinBlocks)>> = true;
+
+template <class K>
+__global__ void __launch_bounds__(K::kBlockThreads, K::kMinBlocks) by_value_bounded(const typename K::Args a) {
+    K::run(a);
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::kBlockThreads, K::kMinBlocks) by_table_bounded(const typename K::Args* __restrict__ a) {
+    K::run(*a);
+}
+
+// Kernel K's two entry points (arguments by value, or from a device table).
+template <class K>
+const void* value_entry() {
+    if constexpr (kBounded<K>) return reinterpret_cast<const void*>(&by_value_bounded<K>);
+    else return reinterpret_cast<const void*>(&by_value<K>);
+}
+template <class K>
+const void* table_entry() {
+    if constexpr (kBounded<K>) return reinterpret_cast<const void*>(&by_table_bounded<K>);
+    else return reinterpret_cast<const void*>(&by_table<K>);
+}
+
 // Steps of this many tokens or more take the prefill kernels (the tensor-core GEMM, the tiled
 // attention); smaller ones share the decode kernels' arithmetic token for token.
 constexpr int64_t kPrefillKernelTokens = 16;
@@ -77,8 +106,8 @@ Launch make_launch(dim3 grid, dim3 block, const typename K::Args& a, size_t smem
     using A = typename K::Args;
     static_assert(sizeof(A) <= Launch::kMaxArgs && alignof(A) <= 16 && std::is_trivially_copyable_v<A>, "kernel arguments");
     Launch l;
-    l.by_value = reinterpret_cast<const void*>(&cuda::by_value<K>);
-    l.by_table = reinterpret_cast<const void*>(&cuda::by_table<K>);
+    l.by_value = value_entry<K>();
+    l.by_table = table_entry<K>();
     l.grid = grid;
     l.block = block;
     l.smem = smem;
@@ -90,8 +119,8 @@ Launch make_launch(dim3 grid, dim3 block, const typename K::Args& a, size_t smem
 // Let kernel K use `bytes` of dynamic shared memory (past the default 48 KiB), both entry points.
 template <class K>
 bool allow_smem(size_t bytes) {
-    cudaFuncSetAttribute(reinterpret_cast<const void*>(&cuda::by_value<K>), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-    cudaFuncSetAttribute(reinterpret_cast<const void*>(&cuda::by_table<K>), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    cudaFuncSetAttribute(value_entry<K>(), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    cudaFuncSetAttribute(table_entry<K>(), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
     return true;
 }
 
