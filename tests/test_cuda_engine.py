@@ -32,8 +32,8 @@ def test_cuda_logits_close_to_float64_reference(tiny_models, case):
 def test_cuda_modes_agree_with_one_prefill(tmp_path):
     """reset, extend, decode and rewinds give the logits of one full prefill exactly: in steps
     of up to 15 tokens (chunks of 8 here) each token's kernels do the same arithmetic whatever
-    the step size, including how its keys are split over blocks (runs of 64+ keys from position
-    64 on). (From 16 tokens on, prefill takes the tensor-core GEMM and the tiled attention: the
+    the step size, including how its keys are split over blocks (runs of 32+ keys from position
+    32 on). (From 16 tokens on, prefill takes the tensor-core GEMM and the tiled attention: the
     same int8 products, summed in another order.)"""
     from edgerunner.model_builder import write_random_model
 
@@ -53,7 +53,7 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path):
     s.rewind(10)
     s.append(int(ids[10]))
     assert np.array_equal(s.logits(), full[10])
-    assert s.eval(ids[:150]) == "extend"  # steps of 8 from position 11: 2 to 3 runs of keys
+    assert s.eval(ids[:150]) == "extend"  # steps of 8 from position 11: 1 to 5 runs of keys
     assert np.array_equal(s.logits(), full[149])
     for t in range(150, 200):
         s.append(int(ids[t]))
@@ -120,8 +120,8 @@ LONG_SHAPES = {"hd32-group18": (32, 18, 1), "hd64-group3": (64, 6, 2), "hd128-gr
 def test_cuda_long_context_matches_the_cpu_backend(tmp_path, shape, kv_type, window):
     """A 2300-token prompt in chunks of 512 (prefill attention over up to 2300 keys, over a
     700-position window in a ring cache where windowed), then 8 decode steps at 2300+ positions,
-    where a token's keys are split over many blocks (runs of 64+ keys, up to 32 runs, merged by
-    the last block: 24 runs here, 11 over the window), against the CPU backend with the same KV
+    where a token's keys are split over many blocks (runs of 32+ keys, up to 32 runs, merged by
+    the last block: 32 runs here, 22 over the window), against the CPU backend with the same KV
     precision: logits within 3 % of the logit range."""
     from edgerunner.model_builder import write_random_model
 

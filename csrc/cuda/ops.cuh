@@ -78,7 +78,6 @@ struct AttentionArgs {
     int32_t n_head, n_head_kv, head_dim;
     float* partial;           // decode steps: attention_scratch().partial floats
     int32_t* done;            // decode steps: attention_scratch().counters, zero before the first step
-    int32_t split_keys;       // decode steps: keys per run at least (attention() sets it)
 };
 // Causal softmax(q kᵀ / √d) v with an online softmax: no score matrix is stored. Steps of
 // kPrefillKernelTokens or more share each key and value among the query rows of a block; smaller
