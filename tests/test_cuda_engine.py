@@ -29,7 +29,8 @@ def test_cuda_logits_close_to_float64_reference(tiny_models, case):
     assert err <= 0.03 * scale, f"{case} seed {seed}: max |Δ| {err:.3g} vs |logit| max {scale:.3g}"
 
 
-def test_cuda_modes_agree_with_one_prefill(tmp_path):
+@pytest.mark.parametrize("ttype", ["Q4_K_M", "Q4_0"])  # quarters of units a lane; whole units a lane (Q4_0)
+def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype):
     """reset, extend, decode and rewinds give the logits of one full prefill exactly: in steps
     of up to 15 tokens (chunks of 8 here) each token's kernels do the same arithmetic whatever
     the step size, including how its keys are split over blocks (runs of 32+ keys from position
@@ -38,7 +39,7 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path):
     from edgerunner.model_builder import write_random_model
 
     path = tmp_path / "m.gguf"
-    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_K_M", seed=5, n_heads=2, n_kv_heads=1,
+    write_random_model(path, arch="llama", preset="tiny", tensor_type=ttype, seed=5, n_heads=2, n_kv_heads=1,
                        dim=256, ffn_dim=512)
     model = _core.Model.load(str(path), backend="cuda", prefill_chunk=8)
     ids = prompt(np.random.default_rng(0), 200)

@@ -55,7 +55,18 @@ struct Gemv {
         const int64_t t0 = static_cast<int64_t>(blockIdx.y) * NT;
         const int nt = static_cast<int>(a.n_tokens - t0 < NT ? a.n_tokens - t0 : NT);
         float sum[NT] = {}, sum2[NT] = {};
-        if constexpr (Quarter<T>::kFast) {
+        if constexpr (Whole<T>::kFast) {
+            // a lane per unit: lane l takes units l, l + 32, ... (as the one-token kernel)
+            const QBlock* xq = a.xq + t0 * a.xq_stride;
+            for (int64_t u = lane; u < a.cols / 32; u += 32)
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    if (t >= nt) break;
+                    const XUnit x = load_x(xq[t * a.xq_stride + u]);
+                    sum[t] += Whole<T>::dot(row, u, x);
+                    if (gated) sum2[t] += Whole<T>::dot(row2, u, x);
+                }
+        } else if constexpr (Quarter<T>::kFast) {
             // lanes 4i..4i+3 share unit i of the warp's 8: quarters side by side in memory
             const int k = lane % 4;
             const QBlock* xq = a.xq + t0 * a.xq_stride;
@@ -108,12 +119,13 @@ constexpr int kRing = 3;                   // chunk buffers per row
 constexpr int kSlots = 2;                  // rows per warp
 constexpr size_t kWeightSmem = static_cast<size_t>(kStagedWarps) * kRing * kSlots * kStageBytes;
 
-template <TensorType T>
+template <TensorType T, bool Wide>  // Wide: a lane per unit (Whole<T>), 32 units per chunk
 struct GemvStaged {
     using Args = GemvArgs;
     using Q = Quarter<T>;
     static constexpr int kBlockBytes = sizeof(typename Q::Block);
     static_assert(kBlockBytes <= kStage, "a chunk holds at least one block");
+    static_assert(!Wide || (Whole<T>::kFast && Q::kUnits == 1 && 32 * kBlockBytes <= kStage), "32 blocks a chunk");
 
     static __device__ void run(const Args& a) {
         extern __shared__ uint4 smem[];
@@ -139,8 +151,9 @@ struct GemvStaged {
 
         // chunks of equal block counts, each at most kStage bytes
         const int64_t n_blocks = a.cols / (32 * Q::kUnits);
-        const int64_t n_chunks = (n_blocks + kStage / kBlockBytes - 1) / (kStage / kBlockBytes);
-        const int64_t chunk_blocks = (n_blocks + n_chunks - 1) / n_chunks;
+        const int64_t per_chunk = Wide ? 32 : kStage / kBlockBytes;
+        const int64_t n_chunks = (n_blocks + per_chunk - 1) / per_chunk;
+        const int64_t chunk_blocks = Wide ? 32 : (n_blocks + n_chunks - 1) / n_chunks;
         uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + static_cast<size_t>(warp) * kRing * kSlots * kStageBytes;
         // chunk c of row s: where it lands in ring buffer c % kRing
         auto staged = [&](int64_t c, int s) {
@@ -183,10 +196,18 @@ struct GemvStaged {
                 const QBlock* x = xs + c * chunk_blocks * Q::kUnits;
                 const uint8_t* w0 = staged(c, 0);
                 const uint8_t* w1 = row[1] ? staged(c, 1) : nullptr;
+                if constexpr (Wide) {
+                    if (lane < units) {  // one unit a lane
+                        const XUnit xu = load_x(x[lane]);
+                        sum[0] += Whole<T>::dot(w0, lane, xu);
+                        if (w1) sum[1] += Whole<T>::dot(w1, lane, xu);
+                    }
+                } else {
 #pragma unroll 4
-                for (int64_t u = lane / 4; u < units; u += 8) {
-                    sum[0] += Q::dot(w0, u, k, x[u]);
-                    if (w1) sum[1] += Q::dot(w1, u, k, x[u]);
+                    for (int64_t u = lane / 4; u < units; u += 8) {
+                        sum[0] += Q::dot(w0, u, k, x[u]);
+                        if (w1) sum[1] += Q::dot(w1, u, k, x[u]);
+                    }
                 }
                 __syncwarp();  // everyone is done with this buffer
                 issue(c + kRing);
@@ -211,6 +232,17 @@ struct GemvStaged {
     static size_t smem(const GemvArgs& a) { return kWeightSmem + static_cast<size_t>(a.cols / 32) * sizeof(QBlock) + 32; }
 };
 
+template <class K>
+Launch staged(const GemvArgs& a, int64_t rows) {
+    const int64_t warps = a.glu != Glu::None ? rows : (rows + kSlots - 1) / kSlots;
+    const size_t smem = K::smem(a);
+    static const bool sized = allow_smem<K>(K::smem(GemvArgs{}) + kMaxStagedCols / 32 * sizeof(QBlock));
+    (void)sized;
+    if (smem > kWeightSmem + kMaxStagedCols / 32 * sizeof(QBlock) + 32)
+        throw std::invalid_argument("the CUDA GEMV takes rows of up to " + std::to_string(kMaxStagedCols) + " columns");
+    return make_launch<K>(dim3(static_cast<unsigned>((warps + kStagedWarps - 1) / kStagedWarps)), dim3(32 * kStagedWarps), a, smem);
+}
+
 // A step of one token (decode) takes the one-token kernel; several tokens share weight loads
 // eight at a time.
 template <TensorType T>
@@ -220,14 +252,10 @@ Launch launch(const GemvArgs& a) {
     const unsigned row_blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
     if constexpr (Quarter<T>::kFast)
         if (a.n_tokens == 1) {
-            const int64_t warps = a.glu != Glu::None ? rows : (rows + kSlots - 1) / kSlots;
-            const size_t smem = GemvStaged<T>::smem(a);
-            static const bool sized = allow_smem<GemvStaged<T>>(GemvStaged<T>::smem(GemvArgs{}) + kMaxStagedCols / 32 * sizeof(QBlock));
-            (void)sized;
-            if (smem > kWeightSmem + kMaxStagedCols / 32 * sizeof(QBlock) + 32)
-                throw std::invalid_argument("the CUDA GEMV takes rows of up to " + std::to_string(kMaxStagedCols) + " columns");
-            return make_launch<GemvStaged<T>>(dim3(static_cast<unsigned>((warps + kStagedWarps - 1) / kStagedWarps)),
-                                              dim3(32 * kStagedWarps), a, smem);
+            static const bool quarters = std::getenv("EDGERUNNER_CUDA_GEMV_QUARTERS") != nullptr;  // A/B (TODO remove)
+            if constexpr (Whole<T>::kFast)
+                if (!quarters) return staged<GemvStaged<T, true>>(a, rows);
+            return staged<GemvStaged<T, false>>(a, rows);
         }
     if (a.n_tokens == 1) return make_launch<Gemv<T, 1>>(dim3(row_blocks, 1), block, a);
     return make_launch<Gemv<T, 8>>(dim3(row_blocks, static_cast<unsigned>((a.n_tokens + 7) / 8)), block, a);

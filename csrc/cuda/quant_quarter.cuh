@@ -181,4 +181,59 @@ struct Quarter<TensorType::Q6_K> {
     }
 };
 
+// A whole 32-element unit per lane, where a format has the form (the decode GEMV's cheaper
+// path: one scale multiply per unit instead of per quarter, four-byte loads): the unit's
+// integer dot with its 32 int8 activations (eight words, and their sum for the formats with
+// an offset), times both scales.
+struct XUnit {
+    int w[8];  // the 32 int8 values
+    int sum;   // their sum
+    float d;
+};
+__device__ __forceinline__ XUnit load_x(const QBlock& x) {
+    XUnit u;
+    u.sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        u.w[j] = aq(x, 4 * j);
+        u.sum = __dp4a(kOnes, u.w[j], u.sum);
+    }
+    u.d = x.d;
+    return u;
+}
+
+// Four 32-bit words from a 2-byte aligned address: five aligned loads and funnel shifts (the
+// word past the sixteen bytes may be read, and is not used when the address is aligned).
+__device__ __forceinline__ void words4(const uint8_t* p, uint32_t (&w)[4]) {
+    const uint32_t* base = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{3});
+    const unsigned shift = static_cast<unsigned>(reinterpret_cast<uintptr_t>(p) & 3) * 8;
+    uint32_t a[5];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) a[i] = base[i];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = __funnelshift_r(a[i], a[i + 1], shift);
+}
+
+template <TensorType T>
+struct Whole {
+    static constexpr bool kFast = false;
+};
+
+template <>
+struct Whole<TensorType::Q4_0> {
+    static constexpr bool kFast = true;
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
+        const block_q4_0& b = reinterpret_cast<const block_q4_0*>(row)[u];
+        uint32_t w[4];
+        words4(b.qs, w);
+        int dot = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            dot = __dp4a(static_cast<int>(w[i] & 0x0F0F0F0F), x.w[i], dot);
+            dot = __dp4a(static_cast<int>(w[i] >> 4 & 0x0F0F0F0F), x.w[4 + i], dot);
+        }
+        return h2f(b.d) * x.d * static_cast<float>(dot - 8 * x.sum);
+    }
+};
+
 }  // namespace edgerunner::cuda

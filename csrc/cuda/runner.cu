@@ -76,7 +76,7 @@ std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans) {
                     weights.push_back(w);
                     total += round_up(weight_bytes(*w), 256);
                 }
-    m->memory = device_alloc<uint8_t>(total);
+    m->memory = device_alloc<uint8_t>(total + 256);  // kernels may read a few bytes past a row (four-byte loads of 2-byte aligned blocks)
     constexpr size_t kChunk = 32u << 20;
     auto staging = pinned_alloc<uint8_t>(2 * kChunk);
     cudaStream_t stream = nullptr;
