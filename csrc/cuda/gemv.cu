@@ -1,6 +1,7 @@
 // Quantized matrix-vector products: one warp per weight row (or gate and up row pair), lanes
-// striding over the row's 32-element units (four lanes to a unit for the common formats,
-// quant_quarter.cuh; one lane to a unit otherwise, quant_unit.cuh), a shuffle reduction, one
+// striding over the row's 32-element units (a whole unit per lane against int8 activations for
+// Q4_0, four lanes to a unit for the other int8 formats, quant_quarter.cuh; one lane to a unit
+// with float activations otherwise, quant_unit.cuh), a shuffle reduction, one
 // store (or add: the residual; or act(gate)·up). Before it waits for its input, each warp pulls
 // its whole row towards L2: the weights do not depend on the previous kernel, so they stream
 // while it drains, and the loads of the loop find them near.
@@ -107,10 +108,12 @@ struct Gemv {
 // loads the int8 activations into shared memory once; each warp takes two rows (or a gate row
 // and its up row) and streams them through a ring of three chunk buffers: every lane copies
 // 16-byte pieces of the raw bytes (cp.async), so three chunks per row are in flight while one is
-// computed, and the four-lanes-per-unit dot products read blocks and activations out of shared
-// memory. Global loads are thus full-width and coalesced whatever the block size (18, 20, 22,
-// 24, 34, 144, 176, 210 bytes), and the first chunks are requested before the kernel waits for
-// its input.
+// computed, and the dot products read blocks and activations out of shared memory (Q4_0: chunks
+// of 32 blocks, a block per lane; the others: four lanes per unit). Global loads are thus
+// full-width and coalesced whatever the block size (18, 20, 22, 24, 34, 144, 176, 210 bytes), and
+// the first chunks are requested before the kernel waits for its input. (The whole unit per lane
+// issues about half the instructions per weight byte of the quarters: the kernel is issue-bound,
+// bench/NOTES.md.)
 constexpr int kStagedWarps = 8;
 constexpr int64_t kMaxStagedCols = 65536;  // activations of up to this many columns in shared memory (72 KiB)
 constexpr int kStage = 1024;               // bytes of one row per chunk (at most)
@@ -252,10 +255,7 @@ Launch launch(const GemvArgs& a) {
     const unsigned row_blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
     if constexpr (Quarter<T>::kFast)
         if (a.n_tokens == 1) {
-            static const bool quarters = std::getenv("EDGERUNNER_CUDA_GEMV_QUARTERS") != nullptr;  // A/B (TODO remove)
-            if constexpr (Whole<T>::kFast)
-                if (!quarters) return staged<GemvStaged<T, true>>(a, rows);
-            return staged<GemvStaged<T, false>>(a, rows);
+            return staged<GemvStaged<T, Whole<T>::kFast>>(a, rows);
         }
     if (a.n_tokens == 1) return make_launch<Gemv<T, 1>>(dim3(row_blocks, 1), block, a);
     return make_launch<Gemv<T, 8>>(dim3(row_blocks, static_cast<unsigned>((a.n_tokens + 7) / 8)), block, a);
