@@ -1,7 +1,7 @@
 // Quantized matrix-vector products: one warp per weight row (or gate and up row pair), lanes
 // striding over the row's 32-element units (a whole unit per lane against int8 activations for
-// Q4_0, four lanes to a unit for the other int8 formats, quant_quarter.cuh; one lane to a unit
-// with float activations otherwise, quant_unit.cuh), a shuffle reduction, one
+// Q4_0, Q4_K and Q5_K, four lanes to a unit for the other int8 formats, quant_quarter.cuh; one
+// lane to a unit with float activations otherwise, quant_unit.cuh), a shuffle reduction, one
 // store (or add: the residual; or act(gate)·up). Before it waits for its input, each warp pulls
 // its whole row towards L2: the weights do not depend on the previous kernel, so they stream
 // while it drains, and the loads of the loop find them near.
@@ -108,8 +108,8 @@ struct Gemv {
 // loads the int8 activations into shared memory once; each warp takes two rows (or a gate row
 // and its up row) and streams them through a ring of three chunk buffers: every lane copies
 // 16-byte pieces of the raw bytes (cp.async), so three chunks per row are in flight while one is
-// computed, and the dot products read blocks and activations out of shared memory (Q4_0: chunks
-// of 32 blocks, a block per lane; the others: four lanes per unit). Global loads are thus
+// computed, and the dot products read blocks and activations out of shared memory (Q4_0, Q4_K,
+// Q5_K: chunks of 32 units, a unit per lane; the others: four lanes per unit). Global loads are thus
 // full-width and coalesced whatever the block size (18, 20, 22, 24, 34, 144, 176, 210 bytes), and
 // the first chunks are requested before the kernel waits for its input. (The whole unit per lane
 // issues about half the instructions per weight byte of the quarters: the kernel is issue-bound,
@@ -128,7 +128,7 @@ struct GemvStaged {
     using Q = Quarter<T>;
     static constexpr int kBlockBytes = sizeof(typename Q::Block);
     static_assert(kBlockBytes <= kStage, "a chunk holds at least one block");
-    static_assert(!Wide || (Whole<T>::kFast && Q::kUnits == 1 && 32 * kBlockBytes <= kStage), "32 blocks a chunk");
+    static_assert(!Wide || (Whole<T>::kFast && 32 % Q::kUnits == 0 && 32 / Q::kUnits * kBlockBytes <= kStage), "32 units a chunk");
 
     static __device__ void run(const Args& a) {
         extern __shared__ uint4 smem[];
@@ -154,9 +154,9 @@ struct GemvStaged {
 
         // chunks of equal block counts, each at most kStage bytes
         const int64_t n_blocks = a.cols / (32 * Q::kUnits);
-        const int64_t per_chunk = Wide ? 32 : kStage / kBlockBytes;
+        const int64_t per_chunk = Wide ? 32 / Q::kUnits : kStage / kBlockBytes;
         const int64_t n_chunks = (n_blocks + per_chunk - 1) / per_chunk;
-        const int64_t chunk_blocks = Wide ? 32 : (n_blocks + n_chunks - 1) / n_chunks;
+        const int64_t chunk_blocks = Wide ? per_chunk : (n_blocks + n_chunks - 1) / n_chunks;
         uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + static_cast<size_t>(warp) * kRing * kSlots * kStageBytes;
         // chunk c of row s: where it lands in ring buffer c % kRing
         auto staged = [&](int64_t c, int s) {

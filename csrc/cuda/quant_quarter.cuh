@@ -236,4 +236,35 @@ struct Whole<TensorType::Q4_0> {
     }
 };
 
+// Q4_K / Q5_K: unit j of a super-block is sub-block j (blocks of 144 and 176 bytes, so on
+// 16-byte boundaries in rows of whole blocks: aligned four-byte loads).
+template <typename Block, bool kFiveBit>
+__device__ __forceinline__ float q45_k_whole(const uint8_t* row, int64_t u, const XUnit& x) {
+    const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+    const int j = static_cast<int>(u % 8);
+    int sc, m;
+    k_scale_min(b.scales, j, &sc, &m);
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(b.qs + (j / 2) * 32);
+    const int shift = 4 * (j % 2);
+    int dot = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int w = static_cast<int>(q[i] >> shift & 0x0F0F0F0F);
+        if constexpr (kFiveBit) w |= static_cast<int>((reinterpret_cast<const uint32_t*>(b.qh)[i] >> j & 0x01010101) << 4);
+        dot = __dp4a(w, x.w[i], dot);
+    }
+    return x.d * (h2f(b.d) * static_cast<float>(sc * dot) - h2f(b.dmin) * static_cast<float>(m * x.sum));
+}
+
+template <>
+struct Whole<TensorType::Q4_K> {
+    static constexpr bool kFast = true;
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) { return q45_k_whole<block_q4_K, false>(row, u, x); }
+};
+template <>
+struct Whole<TensorType::Q5_K> {
+    static constexpr bool kFast = true;
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) { return q45_k_whole<block_q5_K, true>(row, u, x); }
+};
+
 }  // namespace edgerunner::cuda
