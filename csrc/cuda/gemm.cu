@@ -248,7 +248,6 @@ Launch launch(const GemvArgs& a) {
                           dim3(kThreads), a, K::kSmem);
 }
 
-
 }  // namespace
 
 bool gemm_supports(TensorType type, const GemvArgs& a) {
