@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "attention.cuh"
 #include "check.cuh"
 #include "cuda.h"
 #include "gemv.cuh"
