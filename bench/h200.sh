@@ -5,6 +5,9 @@
 #   bench/h200.sh models NAME...          random-weight GGUFs of real shapes into /tmp/m (NAME = PRESET-TYPE,
 #                                         e.g. llama-3.1-8b-Q4_0; presets and types of edgerunner.model_builder)
 #   bench/h200.sh bench [bench args]      python -m bench over every file in /tmp/m, CUDA, all dispatch modes
+#   bench/h200.sh profile NAME...         where a decode step's time goes (ncu, kernels serialised: per kernel,
+#                                         bench/ncu_summary.py), then the decode GEMV's limits (ncu sections:
+#                                         DRAM vs SM throughput, occupancy) for the first 8 of a step
 #   bench/h200.sh peer                    build llama.cpp's CUDA llama-bench from the sdist source carried in
 #                                         .peer/ (never committed) into /tmp/peer (~5 min); then
 #                                         `bench/h200.sh bench --peer /tmp/peer/bin/llama-bench` runs it on
@@ -31,11 +34,25 @@ case "${1:-}" in
   bench)
     shift
     timeout 500 python3 -m bench /tmp/m/*.gguf --backend cuda --dispatch eager,argument_buffers,recorded "$@" ;;
+  profile)
+    shift
+    for name in "$@"; do
+      echo "== $name: one decode step"
+      ncu --clock-control none --csv --page raw --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+        python3 bench/decode_once.py /tmp/m/$name.gguf > /tmp/ncu-$name.csv 2>/dev/null
+      python3 bench/ncu_summary.py /tmp/ncu-$name.csv
+      echo "== $name: the decode GEMV (after a 16-token prompt; kernels by mangled name)"
+      ncu --clock-control none --kernel-name-base mangled -k regex:GemvStaged --launch-count 8 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        python3 bench/decode_once.py /tmp/m/$name.gguf eager 16 2>/dev/null |
+        grep -E "GemvStaged|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Warp Cycles Per Issued" |
+        sed -E 's/^ +//; s/ {2,}/ /g'
+    done ;;
   peer)
     mkdir -p /tmp/peer && cd .peer/llama.cpp
     cmake -S . -B /tmp/peer -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
       -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >/dev/null
     cmake --build /tmp/peer --target llama-bench -j 16 2>&1 | tail -2 ;;
-  *) sed -n 2,12p "$0"; exit 2 ;;
+  *) sed -n 2,15p "$0"; exit 2 ;;
 esac
