@@ -253,11 +253,10 @@ Launch launch(const GemvArgs& a) {
     const int64_t rows = a.glu != Glu::None ? a.part[0].rows : a.part[0].rows + (a.n_parts > 1 ? a.part[1].rows : 0) + (a.n_parts > 2 ? a.part[2].rows : 0);
     const dim3 block(32 * kWarpsPerBlock);
     const unsigned row_blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-    if constexpr (Quarter<T>::kFast)
-        if (a.n_tokens == 1) {
-            return staged<GemvStaged<T, Whole<T>::kFast>>(a, rows);
-        }
-    if (a.n_tokens == 1) return make_launch<Gemv<T, 1>>(dim3(row_blocks, 1), block, a);
+    if (a.n_tokens == 1) {
+        if constexpr (Quarter<T>::kFast) return staged<GemvStaged<T, Whole<T>::kFast>>(a, rows);
+        else return make_launch<Gemv<T, 1>>(dim3(row_blocks, 1), block, a);
+    }
     return make_launch<Gemv<T, 8>>(dim3(row_blocks, static_cast<unsigned>((a.n_tokens + 7) / 8)), block, a);
 }
 

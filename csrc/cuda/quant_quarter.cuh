@@ -1,7 +1,8 @@
 // GEMV's fast path: a quarter (8 elements) of a 32-element unit per thread, so four lanes share
 // a unit and a warp reads 8 consecutive units with neighbouring loads, against activations
 // quantized to int8 once per step (QBlock): integer dot products by dp4a, exact, then one
-// float scale per quarter. Which 8 elements a quarter holds follows the block layout.
+// float scale per quarter. Which 8 elements a quarter holds follows the block layout. Q4_0, Q4_K
+// and Q5_K take a whole unit per lane instead (Whole, at the end: half the instructions).
 #pragma once
 
 #include "quant_unit.cuh"
@@ -38,8 +39,10 @@ __device__ __forceinline__ int spread4(uint32_t b) { return static_cast<int>(((b
 
 constexpr int kOnes = 0x01010101;
 
-// Per format: the block type and how many 32-element units it holds, the integer dot of one quarter (8 weights) with its 8 activations (dp4a, four
-// products per instruction), and the activations' sum where an offset or minimum needs it:
+// Per format: the block type and how many 32-element units it holds, and (except for the formats
+// with a Whole form below, which the GEMV kernels always take) the integer dot of one quarter
+// (8 weights) with its 8 activations (dp4a, four products per instruction), and the activations'
+// sum where an offset or minimum needs it:
 //   nibble formats: bytes 4k..4k+3 of qs = elements 4k.. (low nibbles) and 16 + 4k.. (high);
 //   the others: elements 8k..8k+7 of the 32-element unit.
 template <TensorType T>
@@ -52,14 +55,7 @@ struct Quarter<TensorType::Q4_0> {
     static constexpr bool kFast = true;
     using Block = block_q4_0;
     static constexpr int kUnits = 1;  // 32-element units per block
-    static __device__ float dot(const uint8_t* row, int64_t u, int k, const QBlock& a) {
-        const block_q4_0& b = reinterpret_cast<const block_q4_0*>(row)[u];
-        const uint32_t w = ld32(b.qs + 4 * k);
-        const int lo = aq(a, 4 * k), hi = aq(a, 16 + 4 * k);
-        const int dot = __dp4a(static_cast<int>(w & 0x0F0F0F0F), lo, __dp4a(static_cast<int>(w >> 4 & 0x0F0F0F0F), hi, 0));
-        const int sum = __dp4a(kOnes, lo, __dp4a(kOnes, hi, 0));
-        return h2f(b.d) * a.d * static_cast<float>(dot - 8 * sum);
-    }
+    // the dot: a whole unit a lane (Whole, below)
 };
 
 template <>
@@ -126,39 +122,17 @@ struct Quarter<TensorType::Q8_0> {
     }
 };
 
-// Q4_K / Q5_K: unit j = sub-block j; quarter k = its elements 8k..8k+7.
-template <typename Block, bool kFiveBit>
-__device__ __forceinline__ float q45_k_quarter(const uint8_t* row, int64_t u, int k, const QBlock& a) {
-    const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
-    const int j = static_cast<int>(u % 8);
-    int sc, m;
-    k_scale_min(b.scales, j, &sc, &m);
-    const uint8_t* q = b.qs + (j / 2) * 32 + 8 * k;
-    const int shift = 4 * (j % 2);
-    int w0 = static_cast<int>(ld32(q) >> shift & 0x0F0F0F0F), w1 = static_cast<int>(ld32(q + 4) >> shift & 0x0F0F0F0F);
-    if constexpr (kFiveBit) {  // bit j of qh[l], l = 8k..8k+7, to bit 4 of each byte
-        w0 |= static_cast<int>((ld32(b.qh + 8 * k) >> j & 0x01010101) << 4);
-        w1 |= static_cast<int>((ld32(b.qh + 8 * k + 4) >> j & 0x01010101) << 4);
-    }
-    const int a0 = aq(a, 8 * k), a1 = aq(a, 8 * k + 4);
-    const int dot = __dp4a(w0, a0, __dp4a(w1, a1, 0));
-    const int sum = __dp4a(kOnes, a0, __dp4a(kOnes, a1, 0));
-    return a.d * (h2f(b.d) * static_cast<float>(sc * dot) - h2f(b.dmin) * static_cast<float>(m * sum));
-}
-
 template <>
 struct Quarter<TensorType::Q4_K> {
     static constexpr bool kFast = true;
     using Block = block_q4_K;
-    static constexpr int kUnits = 8;  // 32-element units per block
-    static __device__ float dot(const uint8_t* row, int64_t u, int k, const QBlock& a) { return q45_k_quarter<block_q4_K, false>(row, u, k, a); }
+    static constexpr int kUnits = 8;  // 32-element units per block; the dot: a whole unit a lane (Whole, below)
 };
 template <>
 struct Quarter<TensorType::Q5_K> {
     static constexpr bool kFast = true;
     using Block = block_q5_K;
-    static constexpr int kUnits = 8;  // 32-element units per block
-    static __device__ float dot(const uint8_t* row, int64_t u, int k, const QBlock& a) { return q45_k_quarter<block_q5_K, true>(row, u, k, a); }
+    static constexpr int kUnits = 8;  // 32-element units per block; the dot: a whole unit a lane (Whole, below)
 };
 
 // Q6_K: unit j = h·4 + s; quarter k = elements l = 8k..8k+7 (scale h·8 + s·2 + k/2).
