@@ -7,7 +7,7 @@
 
 #include "attention.cuh"
 #include "kv_slot.cuh"
-#include "quant_quarter.cuh"
+#include "quant_dot.cuh"
 #include "warp.cuh"
 
 namespace edgerunner::cuda {

@@ -1,10 +1,8 @@
-// Quantized matrix-vector products: one warp per weight row (or gate and up row pair), lanes
-// striding over the row's 32-element units (a whole unit per lane against int8 activations for
-// Q4_0, Q4_K and Q5_K, four lanes to a unit for the other int8 formats, quant_quarter.cuh; one
-// lane to a unit with float activations otherwise, quant_unit.cuh), a shuffle reduction, one
-// store (or add: the residual; or act(gate)·up). Before it waits for its input, each warp pulls
-// its whole row towards L2: the weights do not depend on the previous kernel, so they stream
-// while it drains, and the loads of the loop find them near.
+// Quantized matrix-vector products: one warp per weight row (or gate and up row pair), a lane
+// per 32-element unit, striding over the row's units (against int8 activations for the int8
+// formats, quant_dot.cuh; float activations otherwise, quant_unit.cuh), a shuffle reduction, one
+// store (or add: the residual; or act(gate)·up). The one-token kernel of the int8 formats stages
+// the weights through shared memory (GemvStaged).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,7 +15,7 @@
 #include "check.cuh"
 #include "cuda.h"
 #include "gemv.cuh"
-#include "quant_quarter.cuh"
+#include "quant_dot.cuh"
 #include "warp.cuh"
 
 namespace edgerunner::cuda {
@@ -31,7 +29,9 @@ __device__ __forceinline__ F field(const GemvArgs& a, int p, F GemvPart::*f) {
     return p == 0 ? a.part[0].*f : p == 1 ? a.part[1].*f : a.part[2].*f;
 }
 
-// Tokens [NT·blockIdx.y, +NT): each weight unit is loaded once for NT tokens.
+// Tokens [NT·blockIdx.y, +NT): each weight unit is loaded once for NT tokens. Before it waits
+// for its input, each warp pulls its whole row towards L2 (the weights do not depend on the
+// previous kernel).
 template <TensorType T, int NT>
 struct Gemv {
     using Args = GemvArgs;
@@ -56,29 +56,16 @@ struct Gemv {
         const int64_t t0 = static_cast<int64_t>(blockIdx.y) * NT;
         const int nt = static_cast<int>(a.n_tokens - t0 < NT ? a.n_tokens - t0 : NT);
         float sum[NT] = {}, sum2[NT] = {};
-        if constexpr (Whole<T>::kFast) {
-            // a lane per unit: lane l takes units l, l + 32, ... (as the one-token kernel)
+        // lane l takes units l, l + 32, ... (in the one-token kernel's order: the same sums)
+        if constexpr (QuantDot<T>::kFast) {
             const QBlock* xq = a.xq + t0 * a.xq_stride;
             for (int64_t u = lane; u < a.cols / 32; u += 32)
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
                     if (t >= nt) break;
                     const XUnit x = load_x(xq[t * a.xq_stride + u]);
-                    sum[t] += Whole<T>::dot(row, u, x);
-                    if (gated) sum2[t] += Whole<T>::dot(row2, u, x);
-                }
-        } else if constexpr (Quarter<T>::kFast) {
-            // lanes 4i..4i+3 share unit i of the warp's 8: quarters side by side in memory
-            const int k = lane % 4;
-            const QBlock* xq = a.xq + t0 * a.xq_stride;
-#pragma unroll 4
-            for (int64_t u = lane / 4; u < a.cols / 32; u += 8)
-#pragma unroll
-                for (int t = 0; t < NT; ++t) {
-                    if (t >= nt) break;
-                    const QBlock& x = xq[t * a.xq_stride + u];
-                    sum[t] += Quarter<T>::dot(row, u, k, x);
-                    if (gated) sum2[t] += Quarter<T>::dot(row2, u, k, x);
+                    sum[t] += QuantDot<T>::dot(row, u, x);
+                    if (gated) sum2[t] += QuantDot<T>::dot(row2, u, x);
                 }
         } else {
             const float* x = a.x + t0 * a.x_stride;
@@ -105,30 +92,39 @@ struct Gemv {
 };
 
 // The one-token GEMV of the int8 formats, staged through shared memory. A block of eight warps
-// loads the int8 activations into shared memory once; each warp takes two rows (or a gate row
-// and its up row) and streams them through a ring of three chunk buffers: every lane copies
-// 16-byte pieces of the raw bytes (cp.async), so three chunks per row are in flight while one is
-// computed, and the dot products read blocks and activations out of shared memory (Q4_0, Q4_K,
-// Q5_K: chunks of 32 units, a unit per lane; the others: four lanes per unit). Global loads are thus
-// full-width and coalesced whatever the block size (18, 20, 22, 24, 34, 144, 176, 210 bytes), and
-// the first chunks are requested before the kernel waits for its input. (The whole unit per lane
-// issues about half the instructions per weight byte of the quarters: the kernel is issue-bound,
-// bench/NOTES.md.)
+// loads the int8 activations into shared memory once (laid out for 16-byte loads, with each
+// unit's sums); each warp takes two rows (or a gate row and its up row) and streams them through
+// a ring of three chunk buffers: every lane copies 16-byte pieces of the raw bytes (cp.async), so
+// three chunks per row are in flight while one is computed, and a lane takes a whole unit of the
+// chunk (kPerLane of them) out of shared memory. Global loads are thus full-width and coalesced
+// whatever the block size (18 to 210 bytes), and the first chunks are requested before the
+// kernel waits for its input. The kernel is issue-bound (bench/NOTES.md): chunks of one or two
+// units per lane keep the ring's bookkeeping small beside the dot products.
 constexpr int kStagedWarps = 8;
-constexpr int64_t kMaxStagedCols = 65536;  // activations of up to this many columns in shared memory (72 KiB)
-constexpr int kStage = 1024;               // bytes of one row per chunk (at most)
-constexpr int kStageBytes = kStage + 32;   // + room to start and end on 16-byte boundaries
+constexpr int64_t kMaxStagedCols = 65536;  // activations of up to this many columns in shared memory (96 KiB)
 constexpr int kRing = 3;                   // chunk buffers per row
 constexpr int kSlots = 2;                  // rows per warp
-constexpr size_t kWeightSmem = static_cast<size_t>(kStagedWarps) * kRing * kSlots * kStageBytes;
+constexpr int kMaxChunkBytes = 1536;       // two units per lane where a chunk stays within this
 
-template <TensorType T, bool Wide>  // Wide: a lane per unit (Whole<T>), 32 units per chunk
+template <TensorType T>
 struct GemvStaged {
     using Args = GemvArgs;
-    using Q = Quarter<T>;
-    static constexpr int kBlockBytes = sizeof(typename Q::Block);
-    static_assert(kBlockBytes <= kStage, "a chunk holds at least one block");
-    static_assert(!Wide || (Whole<T>::kFast && 32 % Q::kUnits == 0 && 32 / Q::kUnits * kBlockBytes <= kStage), "32 units a chunk");
+    using D = QuantDot<T>;
+    static constexpr int kBlockBytes = sizeof(typename D::Block);
+    static constexpr int kPerLane = 64 / D::kUnits * kBlockBytes <= kMaxChunkBytes ? 2 : 1;
+    static constexpr int kChunkUnits = 32 * kPerLane;
+    static constexpr int kChunkBytes = kChunkUnits / D::kUnits * kBlockBytes;
+    static constexpr int kPieces = (kChunkBytes + 15 + 15) / 16;  // 16-byte pieces from the boundary at or below a chunk's start
+    static constexpr int kStageBytes = 16 * kPieces;
+    static constexpr size_t kWeightSmem = static_cast<size_t>(kStagedWarps) * kRing * kSlots * kStageBytes;
+    static_assert(kChunkUnits % D::kUnits == 0, "chunks of whole blocks");
+
+    // shared memory after the weights: per unit of activations, its words 0..3, 4..7, and
+    // (d, sum, sum of the first 16, -)
+    static __device__ XUnit staged_x(const int4* xs, int n_units, int u) {
+        const int4 lo = xs[u], hi = xs[n_units + u], m = xs[2 * n_units + u];
+        return XUnit{{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}, m.y, m.z, __int_as_float(m.x)};
+    }
 
     static __device__ void run(const Args& a) {
         extern __shared__ uint4 smem[];
@@ -152,68 +148,58 @@ struct GemvStaged {
                                                               : nullptr;
         }
 
-        // chunks of equal block counts, each at most kStage bytes
-        const int64_t n_blocks = a.cols / (32 * Q::kUnits);
-        const int64_t per_chunk = Wide ? 32 / Q::kUnits : kStage / kBlockBytes;
-        const int64_t n_chunks = (n_blocks + per_chunk - 1) / per_chunk;
-        const int64_t chunk_blocks = Wide ? per_chunk : (n_blocks + n_chunks - 1) / n_chunks;
-        uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + static_cast<size_t>(warp) * kRing * kSlots * kStageBytes;
-        // chunk c of row s: where it lands in ring buffer c % kRing
-        auto staged = [&](int64_t c, int s) {
-            return stage + ((c % kRing) * kSlots + s) * kStageBytes + (reinterpret_cast<uintptr_t>(row[s] + c * chunk_blocks * kBlockBytes) & 15);
-        };
-        // chunk c of the warp's rows into its ring buffer: one commit group (empty past the end)
-        auto issue = [&](int64_t c) {
+        const int n_units = static_cast<int>(a.cols / 32);
+        const int n_chunks = (n_units + kChunkUnits - 1) / kChunkUnits;
+        uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + warp * (kRing * kSlots * kStageBytes);
+        // where the bytes of chunk c of row s start, past the 16-byte boundary they are copied from
+        auto skew = [&](int c, int s) { return static_cast<int>((reinterpret_cast<uintptr_t>(row[s]) + c * kChunkBytes) & 15); };
+        // chunk c of the warp's rows into ring buffer `slot`: one commit group (empty past the end)
+        auto issue = [&](int c, int slot) {
             if (c < n_chunks) {
-                const int64_t b0 = c * chunk_blocks, nb = min(chunk_blocks, n_blocks - b0);
+                const int bytes = min(kChunkUnits, n_units - c * kChunkUnits) / D::kUnits * kBlockBytes;
 #pragma unroll
-                for (int s = 0; s < kSlots; ++s)
-                    if (row[s])
-                        stage_copy(stage + ((c % kRing) * kSlots + s) * kStageBytes, row[s] + b0 * kBlockBytes,
-                                   static_cast<size_t>(nb) * kBlockBytes, lane, 32);
+                for (int s = 0; s < kSlots; ++s) {
+                    if (!row[s]) continue;
+                    const int k = skew(c, s), pieces = (k + bytes + 15) / 16;
+                    const uint8_t* from = row[s] + c * kChunkBytes - k;
+                    uint8_t* to = stage + (slot * kSlots + s) * kStageBytes;
+#pragma unroll
+                    for (int i = 0; i < (kPieces + 31) / 32; ++i)
+                        if (lane + 32 * i < pieces) copy16(to + 16 * (lane + 32 * i), from + 16 * (lane + 32 * i));
+                }
             }
             commit();
         };
-        for (int c = 0; c < kRing; ++c) issue(c);
+        for (int c = 0; c < kRing; ++c) issue(c, c);
         wait_inputs();
-        // the activations, once for the block's 16 rows (plain 16-byte loads: the copy groups
-        // above stay the weights')
-        {
-            const uintptr_t b = reinterpret_cast<uintptr_t>(a.xq), lo = b & ~uintptr_t{15};
-            const uintptr_t hi = (b + static_cast<uintptr_t>(a.cols / 32) * sizeof(QBlock) + 15) & ~uintptr_t{15};
-            uint8_t* dst = reinterpret_cast<uint8_t*>(smem) + kWeightSmem;
-            for (uintptr_t off = 16 * threadIdx.x; off < hi - lo; off += 16 * blockDim.x)
-                *reinterpret_cast<uint4*>(dst + off) = *reinterpret_cast<const uint4*>(lo + off);
-            __syncthreads();
+        int4* xs = reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(smem) + kWeightSmem);
+        for (int u = threadIdx.x; u < n_units; u += blockDim.x) {
+            const XUnit x = load_x(a.xq[u]);
+            xs[u] = make_int4(x.w[0], x.w[1], x.w[2], x.w[3]);
+            xs[n_units + u] = make_int4(x.w[4], x.w[5], x.w[6], x.w[7]);
+            xs[2 * n_units + u] = make_int4(__float_as_int(x.d), x.sum, x.sum_lo, 0);
         }
-        const QBlock* xs = reinterpret_cast<const QBlock*>(reinterpret_cast<uint8_t*>(smem) + kWeightSmem +
-                                                           (reinterpret_cast<uintptr_t>(a.xq) & 15));
+        __syncthreads();
 
         float sum[kSlots] = {};
-        const int k = lane % 4;
         if (row[0])
-            for (int64_t c = 0; c < n_chunks; ++c) {
+            for (int c = 0, slot = 0; c < n_chunks; ++c) {
                 wait_pending<kRing - 1>();  // this lane's pieces of chunk c have landed ...
-                __syncwarp();   // ... and every lane's
-                const int64_t units = min(chunk_blocks, n_blocks - c * chunk_blocks) * Q::kUnits;
-                const QBlock* x = xs + c * chunk_blocks * Q::kUnits;
-                const uint8_t* w0 = staged(c, 0);
-                const uint8_t* w1 = row[1] ? staged(c, 1) : nullptr;
-                if constexpr (Wide) {
-                    if (lane < units) {  // one unit a lane
-                        const XUnit xu = load_x(x[lane]);
-                        sum[0] += Whole<T>::dot(w0, lane, xu);
-                        if (w1) sum[1] += Whole<T>::dot(w1, lane, xu);
-                    }
-                } else {
-#pragma unroll 4
-                    for (int64_t u = lane / 4; u < units; u += 8) {
-                        sum[0] += Q::dot(w0, u, k, x[u]);
-                        if (w1) sum[1] += Q::dot(w1, u, k, x[u]);
+                __syncwarp();               // ... and every lane's
+                const uint8_t* w0 = stage + (slot * kSlots) * kStageBytes + skew(c, 0);
+                const uint8_t* w1 = stage + (slot * kSlots + 1) * kStageBytes + skew(c, 1);
+#pragma unroll
+                for (int i = 0; i < kPerLane; ++i) {
+                    const int u = c * kChunkUnits + 32 * i + lane;
+                    if (u < n_units) {
+                        const XUnit x = staged_x(xs, n_units, u);
+                        sum[0] += D::dot(w0, 32 * i + lane, x);
+                        if (row[1]) sum[1] += D::dot(w1, 32 * i + lane, x);
                     }
                 }
                 __syncwarp();  // everyone is done with this buffer
-                issue(c + kRing);
+                issue(c + kRing, slot);
+                slot = slot == kRing - 1 ? 0 : slot + 1;
             }
         const float v0 = warp_sum(sum[0]), v1 = warp_sum(sum[1]);
         if (lane == 0 && row[0]) {
@@ -232,16 +218,16 @@ struct GemvStaged {
         }
     }
 
-    static size_t smem(const GemvArgs& a) { return kWeightSmem + static_cast<size_t>(a.cols / 32) * sizeof(QBlock) + 32; }
+    static size_t smem(const GemvArgs& a) { return kWeightSmem + static_cast<size_t>(a.cols / 32) * 3 * sizeof(int4); }
 };
 
 template <class K>
 Launch staged(const GemvArgs& a, int64_t rows) {
     const int64_t warps = a.glu != Glu::None ? rows : (rows + kSlots - 1) / kSlots;
     const size_t smem = K::smem(a);
-    static const bool sized = allow_smem<K>(K::smem(GemvArgs{}) + kMaxStagedCols / 32 * sizeof(QBlock));
+    static const bool sized = allow_smem<K>(K::kWeightSmem + kMaxStagedCols / 32 * 3 * sizeof(int4));
     (void)sized;
-    if (smem > kWeightSmem + kMaxStagedCols / 32 * sizeof(QBlock) + 32)
+    if (a.cols > kMaxStagedCols)
         throw std::invalid_argument("the CUDA GEMV takes rows of up to " + std::to_string(kMaxStagedCols) + " columns");
     return make_launch<K>(dim3(static_cast<unsigned>((warps + kStagedWarps - 1) / kStagedWarps)), dim3(32 * kStagedWarps), a, smem);
 }
@@ -254,7 +240,7 @@ Launch launch(const GemvArgs& a) {
     const dim3 block(32 * kWarpsPerBlock);
     const unsigned row_blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
     if (a.n_tokens == 1) {
-        if constexpr (Quarter<T>::kFast) return staged<GemvStaged<T, Whole<T>::kFast>>(a, rows);
+        if constexpr (QuantDot<T>::kFast) return staged<GemvStaged<T>>(a, rows);
         else return make_launch<Gemv<T, 1>>(dim3(row_blocks, 1), block, a);
     }
     return make_launch<Gemv<T, 8>>(dim3(row_blocks, static_cast<unsigned>((a.n_tokens + 7) / 8)), block, a);
@@ -316,14 +302,10 @@ bool gemv_supports(TensorType type) { return launcher(type) != nullptr; }
 
 bool gemv_wants_q8(TensorType type) {
     switch (type) {
-        case TensorType::Q4_0: return Quarter<TensorType::Q4_0>::kFast;
-        case TensorType::Q4_1: return Quarter<TensorType::Q4_1>::kFast;
-        case TensorType::Q5_0: return Quarter<TensorType::Q5_0>::kFast;
-        case TensorType::Q5_1: return Quarter<TensorType::Q5_1>::kFast;
-        case TensorType::Q8_0: return Quarter<TensorType::Q8_0>::kFast;
-        case TensorType::Q4_K: return Quarter<TensorType::Q4_K>::kFast;
-        case TensorType::Q5_K: return Quarter<TensorType::Q5_K>::kFast;
-        case TensorType::Q6_K: return Quarter<TensorType::Q6_K>::kFast;
+#define ER_Q8(T) \
+    case TensorType::T: return QuantDot<TensorType::T>::kFast;
+        ER_Q8(Q4_0) ER_Q8(Q4_1) ER_Q8(Q5_0) ER_Q8(Q5_1) ER_Q8(Q8_0) ER_Q8(Q4_K) ER_Q8(Q5_K) ER_Q8(Q6_K)
+#undef ER_Q8
         default: return false;
     }
 }

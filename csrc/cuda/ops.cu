@@ -6,7 +6,7 @@
 #include "check.cuh"
 #include "kv_slot.cuh"
 #include "ops.cuh"
-#include "quant_quarter.cuh"
+#include "quant_dot.cuh"
 #include "warp.cuh"
 
 namespace edgerunner::cuda {
@@ -29,41 +29,66 @@ struct Embed {
     }
 };
 
-// One block per row, about four values per thread (so every load of the row is in flight at
-// once): the sum of squares, then each warp writes (and quantizes) 32-value runs.
+// One block per row, four consecutive values per thread and pass (float4 loads, all in flight at
+// once, kept in registers: the row is read once): the sum of squares, a block reduction, then
+// each thread writes its values, and eight threads quantize each 32-value run together.
 struct RmsNorm {
     using Args = NormArgs;
+    static constexpr int kPasses = 8;  // float4s per thread at most: rows of up to 32768 values
+    static constexpr int kBlockThreads = 1024, kMinBlocks = 1;  // (launch bounds: 64 registers)
     static __device__ void run(const Args& a) {
         allow_next();
         prefetch_l2(a.w, static_cast<size_t>(a.n) * sizeof(float), threadIdx.x, blockDim.x);  // a weight: before the wait
         wait_inputs();
         __shared__ float partial[32];
-        const float* x = a.in + blockIdx.x * a.n;
+        const int n4 = static_cast<int>(a.n / 4);
+        const float4* x = reinterpret_cast<const float4*>(a.in + blockIdx.x * a.n);
+        float4 v[kPasses];
         float ss = 0.0f;
-#pragma unroll 4
-        for (int64_t i = threadIdx.x; i < a.n; i += blockDim.x) ss += x[i] * x[i];
+#pragma unroll
+        for (int k = 0; k < kPasses; ++k) {
+            const int i = threadIdx.x + k * blockDim.x;
+            v[k] = i < n4 ? x[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+        }
         ss = warp_sum(ss);
         if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
         __syncthreads();
         if (threadIdx.x < 32) {
-            float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
-            v = warp_sum(v);
-            if (threadIdx.x == 0) partial[0] = v;
+            float t = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+            t = warp_sum(t);
+            if (threadIdx.x == 0) partial[0] = t;
         }
         __syncthreads();
         const float scale = 1.0f / sqrtf(partial[0] / static_cast<float>(a.n) + a.eps);
-        float* y = a.out + blockIdx.x * a.n;
-        const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
-#pragma unroll 4
-        for (int64_t b = threadIdx.x / 32; b < (a.n + 31) / 32; b += warps) {  // (in == out: each value read before written)
-            const int64_t i = 32 * b + lane;
-            float v = 0.0f;
-            if (i < a.n) {
-                v = (x[i] * scale) * a.w[i];
-                if (a.accumulate) v += y[i];
-                y[i] = v;
+        float4* y = reinterpret_cast<float4*>(a.out + blockIdx.x * a.n);
+        const float4* w = reinterpret_cast<const float4*>(a.w);
+#pragma unroll
+        for (int k = 0; k < kPasses; ++k) {
+            const int i = threadIdx.x + k * blockDim.x;
+            if (k * blockDim.x >= n4) break;  // (uniform)
+            float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (i < n4) {  // (in == out: the whole row was read above)
+                const float4 g = w[i];
+                o = make_float4(v[k].x * scale * g.x, v[k].y * scale * g.y, v[k].z * scale * g.z, v[k].w * scale * g.w);
+                if (a.accumulate) {
+                    const float4 r = y[i];
+                    o.x += r.x, o.y += r.y, o.z += r.z, o.w += r.w;
+                }
+                y[i] = o;
             }
-            if (a.q) quantize_block(v, a.q[blockIdx.x * a.q_stride + b], lane);
+            if (a.q) {  // run i / 8 (rows a multiple of 32 wide: the eight threads are all in or all out)
+                float m = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+#pragma unroll
+                for (int offset = 4; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
+                if (i < n4) {
+                    const float d = m / 127.0f;
+                    auto q = [&](float f) { return static_cast<uint32_t>(static_cast<uint8_t>(d > 0.0f ? __float2int_rn(f / d) : 0)); };
+                    QBlock& out = a.q[blockIdx.x * a.q_stride + i / 8];
+                    *reinterpret_cast<uint32_t*>(out.q + 4 * (i % 8)) = q(o.x) | q(o.y) << 8 | q(o.z) << 16 | q(o.w) << 24;
+                    if (i % 8 == 0) out.d = d;
+                }
+            }
         }
     }
 };
@@ -135,6 +160,9 @@ Launch embed(TensorType type, const EmbedArgs& a) {
 
 Launch rms_norm(const NormArgs& a) {
     if (a.q && a.n % 32 != 0) throw std::invalid_argument("quantized RMSNorm rows must be a multiple of 32 wide");
+    if (a.n % 4 != 0 || a.n > 4 * 1024 * RmsNorm::kPasses)
+        throw std::invalid_argument("the CUDA RMSNorm takes rows of a multiple of 4 values, up to " + std::to_string(4 * 1024 * RmsNorm::kPasses) +
+                                    " (got " + std::to_string(a.n) + ")");
     const unsigned threads = static_cast<unsigned>(std::min<int64_t>(1024, std::max<int64_t>(32, (a.n / 4 + 31) / 32 * 32)));
     return make_launch<RmsNorm>(dim3(static_cast<unsigned>(a.rows)), dim3(threads), a);
 }

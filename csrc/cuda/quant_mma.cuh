@@ -2,12 +2,12 @@
 // thread t of its quad, the operand words of an int8 mma.m16n8k32 — elements 4t..4t+3 (`lo`)
 // and 16+4t..16+4t+3 (`hi`) as four signed bytes each — and the unit's float scale `d` and
 // offset `m`, so that weight = d · q + m. The activations are the int8 QBlocks of the GEMV
-// (quant_quarter.cuh), so Σ w·x over the unit = d_x · (d · Σ q·q_x + m · Σ q_x): integer
+// (quant_dot.cuh), so Σ w·x over the unit = d_x · (d · Σ q·q_x + m · Σ q_x): integer
 // products exact, as in the one-token GEMV. Q6_K's two 16-element halves have their own
 // integer scales (s0 for lo, s1 for hi): its kernel multiplies each half separately.
 #pragma once
 
-#include "quant_quarter.cuh"
+#include "quant_dot.cuh"
 
 namespace edgerunner::cuda {
 

@@ -1,6 +1,6 @@
 // One 32-element unit of a weight row, in the raw block layouts of edgerunner/quant_blocks.h:
 // load() into 32 floats (embedding rows) for every type; dot() with 32 float activations for the
-// types whose GEMV has no int8 fast path (quant_quarter.cuh covers Q4_0 … Q6_K). Every format
+// types whose GEMV has no int8 fast path (quant_dot.cuh covers Q4_0 … Q6_K). Every format
 // splits into units of 32 consecutive elements (a 32-element block, or sub-block u % 8 of a
 // 256-element super-block), so a warp spreads a row over its lanes the same way for every type. Nothing is ever dequantized to
 // memory: the weights go from their bytes to registers to the FMA.

@@ -1,0 +1,234 @@
+// The int8 formats' GEMV arithmetic: a whole 32-element unit of a weight row per lane, against
+// activations quantized to int8 once per step (QBlock). The unit's integer dot product by dp4a
+// (four products per instruction, exact), then one float multiply by both scales. Q4_0, Q4_1,
+// Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K have the form (QuantDot<T>::kFast); the other formats
+// take float activations (quant_unit.cuh).
+#pragma once
+
+#include "quant_unit.cuh"
+#include "warp.cuh"
+
+namespace edgerunner::cuda {
+
+// Activations as the fast GEMV reads them, quantized once per step: 32 values = d · q.
+struct QBlock {
+    float d;
+    int8_t q[32];
+};
+static_assert(sizeof(QBlock) == 36, "QBlock layout");
+
+// A warp's 32 values (one per lane) into one block: d = max|v| / 127, q = round(v / d). Kernels
+// that produce a matmul's input call it as they write the row (RMSNorm, attention).
+__device__ __forceinline__ void quantize_block(float v, QBlock& out, int lane) {
+    const float d = warp_max(fabsf(v)) / 127.0f;
+    out.q[lane] = static_cast<int8_t>(d > 0.0f ? __float2int_rn(v / d) : 0);
+    if (lane == 0) out.d = d;
+}
+
+// A 32-bit word from a 2-byte aligned address (two 16-bit loads).
+__device__ __forceinline__ uint32_t ld32(const uint8_t* p) {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+    return static_cast<uint32_t>(h[0]) | static_cast<uint32_t>(h[1]) << 16;
+}
+
+// N consecutive 32-bit words from a 2-byte aligned address: N + 1 aligned loads and funnel
+// shifts (the word past the N may be read, and is not used when the address is aligned). The
+// aligned base is found by pointer arithmetic, so loads from shared memory stay shared loads.
+template <int N>
+__device__ __forceinline__ void words(const uint8_t* p, uint32_t (&w)[N]) {
+    const unsigned skew = static_cast<unsigned>(reinterpret_cast<uintptr_t>(p) & 3);
+    const uint32_t* base = reinterpret_cast<const uint32_t*>(p - skew);
+    uint32_t a[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; ++i) a[i] = base[i];
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(a[i], a[i + 1], 8 * skew);
+}
+// N words from a 4-byte aligned address.
+template <int N>
+__device__ __forceinline__ void words_aligned(const uint8_t* p, uint32_t (&w)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = reinterpret_cast<const uint32_t*>(p)[i];
+}
+
+// Bits 0..3 of b to bit 4 of bytes 0..3 (the fifth bit of four 5-bit quants): the products of
+// the multiply land on distinct bits, so no carries mix them.
+__device__ __forceinline__ int spread4(uint32_t b) { return static_cast<int>(((b & 0xF) * 0x00204081u & 0x01010101u) << 4); }
+
+constexpr int kOnes = 0x01010101;
+
+// A unit of activations as the dot products take it: the 32 int8 values as eight words, their
+// sum and the sum of the first 16 (for offsets and minimums), the scale.
+struct XUnit {
+    int w[8];
+    int sum, sum_lo;
+    float d;
+};
+__device__ __forceinline__ XUnit load_x(const QBlock& x) {
+    XUnit u;
+    u.sum_lo = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) u.w[j] = *reinterpret_cast<const int*>(x.q + 4 * j);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) u.sum_lo = __dp4a(kOnes, u.w[j], u.sum_lo);
+    u.sum = u.sum_lo;
+#pragma unroll
+    for (int j = 4; j < 8; ++j) u.sum = __dp4a(kOnes, u.w[j], u.sum);
+    u.d = x.d;
+    return u;
+}
+
+// Nibble words w (bytes 4i..4i+3 of a unit's 16 bytes of quants: elements 4i.. in the low
+// nibbles, 16 + 4i.. in the high ones), with the fifth bits from qh where given, dotted with x.
+template <bool kFiveBit>
+__device__ __forceinline__ int nibble_dot(const uint32_t (&w)[4], uint32_t qh, const XUnit& x) {
+    int dot = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        int lo = static_cast<int>(w[i] & 0x0F0F0F0F), hi = static_cast<int>(w[i] >> 4 & 0x0F0F0F0F);
+        if constexpr (kFiveBit) lo |= spread4(qh >> (4 * i)), hi |= spread4(qh >> (16 + 4 * i));
+        dot = __dp4a(lo, x.w[i], __dp4a(hi, x.w[4 + i], dot));
+    }
+    return dot;
+}
+
+// Per format: the block type, how many 32-element units it holds, and the dot product of unit u
+// of a row (of whole blocks, at `row`) with a unit of activations.
+template <TensorType T>
+struct QuantDot {
+    static constexpr bool kFast = false;
+};
+
+template <>
+struct QuantDot<TensorType::Q4_0> {
+    static constexpr bool kFast = true;
+    using Block = block_q4_0;
+    static constexpr int kUnits = 1;
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        uint32_t w[4];
+        words(b.qs, w);  // 18-byte blocks: 2-byte aligned
+        return h2f(b.d) * x.d * static_cast<float>(nibble_dot<false>(w, 0, x) - 8 * x.sum);
+    }
+};
+
+template <>
+struct QuantDot<TensorType::Q4_1> {
+    static constexpr bool kFast = true;
+    using Block = block_q4_1;
+    static constexpr int kUnits = 1;
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        uint32_t w[4];
+        words_aligned(b.qs, w);  // 20-byte blocks: 4-byte aligned
+        return x.d * (h2f(b.d) * static_cast<float>(nibble_dot<false>(w, 0, x)) + h2f(b.m) * static_cast<float>(x.sum));
+    }
+};
+
+template <>
+struct QuantDot<TensorType::Q5_0> {
+    static constexpr bool kFast = true;
+    using Block = block_q5_0;
+    static constexpr int kUnits = 1;
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        uint32_t w[4];
+        words(b.qs, w);  // 22-byte blocks: 2-byte aligned
+        return h2f(b.d) * x.d * static_cast<float>(nibble_dot<true>(w, ld32(b.qh), x) - 16 * x.sum);
+    }
+};
+
+template <>
+struct QuantDot<TensorType::Q5_1> {
+    static constexpr bool kFast = true;
+    using Block = block_q5_1;
+    static constexpr int kUnits = 1;
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        uint32_t w[4];
+        words_aligned(b.qs, w);  // 24-byte blocks: 4-byte aligned
+        const uint32_t qh = *reinterpret_cast<const uint32_t*>(b.qh);
+        return x.d * (h2f(b.d) * static_cast<float>(nibble_dot<true>(w, qh, x)) + h2f(b.m) * static_cast<float>(x.sum));
+    }
+};
+
+template <>
+struct QuantDot<TensorType::Q8_0> {
+    static constexpr bool kFast = true;
+    using Block = block_q8_0;
+    static constexpr int kUnits = 1;
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        uint32_t w[8];
+        words(reinterpret_cast<const uint8_t*>(b.qs), w);  // 34-byte blocks: 2-byte aligned
+        int dot = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot = __dp4a(static_cast<int>(w[i]), x.w[i], dot);
+        return h2f(b.d) * x.d * static_cast<float>(dot);
+    }
+};
+
+// Q4_K / Q5_K: unit j of a super-block is sub-block j (blocks of 144 and 176 bytes, so on
+// 16-byte boundaries in rows of whole blocks: aligned four-byte loads).
+template <typename Block, bool kFiveBit>
+__device__ __forceinline__ float q45_k_dot(const uint8_t* row, int64_t u, const XUnit& x) {
+    const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+    const int j = static_cast<int>(u % 8);
+    int sc, m;
+    k_scale_min(b.scales, j, &sc, &m);
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(b.qs + (j / 2) * 32);
+    const int shift = 4 * (j % 2);
+    int dot = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int w = static_cast<int>(q[i] >> shift & 0x0F0F0F0F);
+        if constexpr (kFiveBit) w |= static_cast<int>((reinterpret_cast<const uint32_t*>(b.qh)[i] >> j & 0x01010101) << 4);
+        dot = __dp4a(w, x.w[i], dot);
+    }
+    return x.d * (h2f(b.d) * static_cast<float>(sc * dot) - h2f(b.dmin) * static_cast<float>(m * x.sum));
+}
+
+template <>
+struct QuantDot<TensorType::Q4_K> {
+    static constexpr bool kFast = true;
+    using Block = block_q4_K;
+    static constexpr int kUnits = 8;
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) { return q45_k_dot<Block, false>(row, u, x); }
+};
+template <>
+struct QuantDot<TensorType::Q5_K> {
+    static constexpr bool kFast = true;
+    using Block = block_q5_K;
+    static constexpr int kUnits = 8;
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) { return q45_k_dot<Block, true>(row, u, x); }
+};
+
+// Q6_K: unit j = h·4 + s of a super-block (210 bytes: 2-byte aligned) has its low four bits in
+// ql[h·64 + (s % 2)·32 ..] (shifted by 4·(s / 2)), its high two in qh[h·32 ..] (shifted by
+// 2·s), and two integer scales, one per 16 elements; weights are q − 32.
+template <>
+struct QuantDot<TensorType::Q6_K> {
+    static constexpr bool kFast = true;
+    using Block = block_q6_K;
+    static constexpr int kUnits = 8;
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8), h = j / 4, s = j % 4;
+        uint32_t ql[8], qh[8];
+        words(b.ql + h * 64 + (s % 2) * 32, ql);
+        words(b.qh + h * 32, qh);
+        const int shift = 4 * (s / 2);
+        int dot0 = 0, dot1 = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int w = static_cast<int>((ql[i] >> shift & 0x0F0F0F0F) | (qh[i] >> (2 * s) & 0x03030303) << 4);
+            if (i < 4) dot0 = __dp4a(w, x.w[i], dot0);
+            else dot1 = __dp4a(w, x.w[i], dot1);
+        }
+        const int s0 = b.scales[h * 8 + s * 2], s1 = b.scales[h * 8 + s * 2 + 1];
+        const int dot = s0 * (dot0 - 32 * x.sum_lo) + s1 * (dot1 - 32 * (x.sum - x.sum_lo));
+        return h2f(b.d) * x.d * static_cast<float>(dot);
+    }
+};
+
+}  // namespace edgerunner::cuda
