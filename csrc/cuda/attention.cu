@@ -8,7 +8,6 @@
 #include "attention.cuh"
 #include "kv_slot.cuh"
 #include "quant_dot.cuh"
-#include "rope.cuh"
 #include "warp.cuh"
 
 namespace edgerunner::cuda {
@@ -43,37 +42,6 @@ __device__ __forceinline__ void write_head(const AttentionArgs& a, int64_t t, in
 // them to finish (a counter in `done`, which it resets) merges the runs in order.
 constexpr int kDecodeWarps = 8, kDecodeHeads = 4, kSplits = 32, kSplitKeys = 32;  // runs of 32: 2–5 % faster decode than 64 or 128
 
-// Fused RoPE (FusedRope): the angles of the lane's dimensions at position pos, and a head's
-// values (lane's dimensions l, l + 32, ...) rotated with them. Adjacent pairs meet across lanes
-// (a shuffle); neox pairs (i, i + head_dim / 2) sit in one lane (head_dim = 32·D).
-template <int D>
-__device__ __forceinline__ void rope_angles(const FusedRope& r, int64_t pos, int lane, float (&cs)[D], float (&sn)[D]) {
-    const float p = __fmul_rn(static_cast<float>(pos), r.pos_scale);
-#pragma unroll
-    for (int i = 0; i < D; ++i) {
-        const int d = lane + 32 * i;
-        cs[i] = 1.0f, sn[i] = 0.0f;
-        if (r.neox ? i < D / 2 : d < r.rope_dim) rope_angle(p, r.inv_freq[r.neox ? d : d / 2], r.attn_factor, &cs[i], &sn[i]);
-    }
-}
-template <int D>
-__device__ __forceinline__ void rope_rotate(const FusedRope& r, int lane, const float (&cs)[D], const float (&sn)[D], float (&x)[D]) {
-    if (r.neox) {
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) {
-            const float x0 = x[i], x1 = x[i + D / 2];
-            x[i] = rope_first(x0, x1, cs[i], sn[i]);
-            x[i + D / 2] = rope_second(x0, x1, cs[i], sn[i]);
-        }
-        return;
-    }
-#pragma unroll
-    for (int i = 0; i < D; ++i) {
-        const float other = __shfl_xor_sync(0xFFFFFFFFu, x[i], 1);
-        if (lane + 32 * i < r.rope_dim) x[i] = lane % 2 ? rope_second(other, x[i], cs[i], sn[i]) : rope_first(x[i], other, cs[i], sn[i]);
-    }
-}
-
 template <KvType K, int D>  // D: dimensions per lane (head sizes up to 32·D)
 struct DecodeAttention {
     using Args = AttentionArgs;
@@ -97,29 +65,6 @@ struct DecodeAttention {
         const int64_t lo = start + split * per, hi = min(lo + per, pos + 1);  // keys [lo, hi)
         const int head_off = g * hd;
 
-        const bool rope = a.rope.inv_freq != nullptr;  // (one token: t = 0)
-        float cs[D], sn[D];
-        if (rope) rope_angles(a.rope, pos, lane, cs, sn);
-        // the run with the new key: its K (rotated) and V into the cache slot first (every block
-        // of the KV head's run writes the same bytes)
-        if (rope && split == n_split - 1) {
-            __shared__ float fresh[2][32 * D];
-            if (warp < 2) {
-                const float* src = (warp == 0 ? a.rope.k : a.rope.v) + head_off;
-                float x[D];
-#pragma unroll
-                for (int i = 0; i < D; ++i) x[i] = lane + 32 * i < hd ? src[lane + 32 * i] : 0.0f;
-                if (warp == 0) rope_rotate(a.rope, lane, cs, sn, x);
-#pragma unroll
-                for (int i = 0; i < D; ++i) fresh[warp][lane + 32 * i] = x[i];
-            }
-            __syncthreads();
-            const size_t slot = static_cast<size_t>(pos % a.capacity) * a.slot_bytes;
-            Kv<K>::store(a.k_cache + slot, head_off, fresh[0], hd);
-            Kv<K>::store(a.v_cache + slot, head_off, fresh[1], hd);
-            __syncthreads();
-        }
-
         float q[kDecodeHeads][D], acc[kDecodeHeads][D], m[kDecodeHeads], l[kDecodeHeads];
         const float scale = rsqrtf(static_cast<float>(hd));
 #pragma unroll
@@ -127,12 +72,9 @@ struct DecodeAttention {
 #pragma unroll
             for (int i = 0; i < D; ++i) {
                 const int d = lane + 32 * i;
-                q[j][i] = j < nh && d < hd ? a.q[(t * a.n_head + h0 + j) * hd + d] : 0.0f;
+                q[j][i] = j < nh && d < hd ? a.q[(t * a.n_head + h0 + j) * hd + d] * scale : 0.0f;
                 acc[j][i] = 0.0f;
             }
-            if (rope) rope_rotate(a.rope, lane, cs, sn, q[j]);
-#pragma unroll
-            for (int i = 0; i < D; ++i) q[j][i] *= scale;
             m[j] = -FLT_MAX, l[j] = 0.0f;
         }
         auto load_row = [&](const uint8_t* cache, int64_t p, float(&v)[D]) {
@@ -560,12 +502,6 @@ Launch attention(KvType kv, const AttentionArgs& a) {
 #undef ER_DECODE
     }
     throw std::logic_error("KV type");
-}
-
-bool attention_fuses_rope(const AttentionArgs& a, int32_t rope_dim, bool neox) {
-    if (a.n_tokens != 1 || !a.k_cache || !a.v_cache) return false;
-    if (neox) return rope_dim == a.head_dim && (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256);
-    return rope_dim % 2 == 0 && rope_dim <= a.head_dim;
 }
 
 AttentionScratch attention_scratch(int64_t n_tokens, int32_t n_head, int32_t n_head_kv, int32_t head_dim) {

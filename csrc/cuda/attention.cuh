@@ -13,22 +13,10 @@
 
 namespace edgerunner::cuda {
 
-// RoPE applied by the decode attention itself (one-token steps, where attention_fuses_rope;
-// inv_freq null: none): Q and the new K rotated as they are read, the new K and V written into
-// the cache slot at the step's position (the RoPE + KV write kernel's work, ops.cuh).
-struct FusedRope {
-    const float* k = nullptr;  // the step's K and V rows (n_head_kv × head_dim)
-    const float* v = nullptr;
-    const float* inv_freq = nullptr;  // rope_dim / 2
-    float pos_scale = 1.0f, attn_factor = 1.0f;
-    int32_t rope_dim = 0;
-    bool neox = false;
-};
-
 struct AttentionArgs {
     const float* q;           // n_tokens × n_head × head_dim
-    uint8_t* k_cache;         // capacity slots (this layer); written only with `rope`
-    uint8_t* v_cache;
+    const uint8_t* k_cache;   // capacity slots (this layer)
+    const uint8_t* v_cache;
     float* out;               // n_tokens × n_head × head_dim
     QBlock* q_out;            // or null: out also quantized for the output projection
     int64_t q_stride;         // blocks between tokens of q_out
@@ -39,17 +27,12 @@ struct AttentionArgs {
     int32_t n_head, n_head_kv, head_dim;
     float* partial;           // decode steps: attention_scratch().partial floats
     int32_t* done;            // decode steps: attention_scratch().counters, zero before the first step
-    FusedRope rope = {};
 };
 // Causal softmax(q kᵀ / √d) v with an online softmax: no score matrix is stored. Steps of
 // kPrefillKernelTokens or more share each key and value among the query rows of a block; smaller
 // ones (decode) split each token's keys into runs over several blocks, whose partial results
 // meet in `partial` (flash-decoding).
 Launch attention(KvType kv, const AttentionArgs& a);
-// Whether a step of a.n_tokens can take its RoPE + KV write in the attention kernel: one token;
-// adjacent pairs of any even rope_dim up to the head size, or (neox) pairs (i, i + head_dim / 2)
-// over the whole of a head of 64, 128 or 256 values.
-bool attention_fuses_rope(const AttentionArgs& a, int32_t rope_dim, bool neox);
 
 // The decode attention's scratch for steps of up to n_tokens tokens: floats of partial results,
 // and int32 counters that must start at zero (the kernel leaves them at zero).

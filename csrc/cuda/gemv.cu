@@ -106,21 +106,6 @@ constexpr int kRing = 3;                   // chunk buffers per row
 constexpr int kSlots = 2;                  // rows per warp
 constexpr int kMaxChunkBytes = 1536;       // two units per lane where a chunk stays within this
 
-// Output row r of a gated step (value v, on every lane) and the int8 copy of its run of 32 rows:
-// the warp that finishes a run last (a counter per run, which it resets) quantizes it.
-__device__ __forceinline__ void write_gated_q8(const GemvArgs& a, int64_t r, float v, int lane) {
-    int last = 0;
-    if (lane == 0) {
-        a.part[0].y[r] = v;
-        __threadfence();  // the value is visible device-wide before the count says so
-        last = atomicAdd(a.q_done + r / 32, 1) == 31;
-    }
-    if (!__shfl_sync(0xFFFFFFFFu, last, 0)) return;
-    __threadfence();
-    quantize_block(__ldcg(a.part[0].y + r / 32 * 32 + lane), a.q_out[r / 32], lane);
-    if (lane == 0) a.q_done[r / 32] = 0;  // ready for the next step
-}
-
 template <TensorType T>
 struct GemvStaged {
     using Args = GemvArgs;
@@ -217,10 +202,6 @@ struct GemvStaged {
                 slot = slot == kRing - 1 ? 0 : slot + 1;
             }
         const float v0 = warp_sum(sum[0]), v1 = warp_sum(sum[1]);
-        if (gated && a.q_out) {
-            if (row[0]) write_gated_q8(a, r[0], gate_act(a.glu, v0) * v1, lane);
-            return;
-        }
         if (lane == 0 && row[0]) {
             if (gated) {
                 a.part[0].y[r[0]] = gate_act(a.glu, v0) * v1;
@@ -319,10 +300,6 @@ struct Quantize {
 
 bool gemv_supports(TensorType type) { return launcher(type) != nullptr; }
 
-bool gemv_writes_q8(TensorType type, const GemvArgs& a) {
-    return a.glu != Glu::None && a.n_tokens == 1 && gemv_wants_q8(type) && a.part[0].rows % 32 == 0;
-}
-
 bool gemv_wants_q8(TensorType type) {
     switch (type) {
 #define ER_Q8(T) \
@@ -344,7 +321,6 @@ Launch gemv(TensorType type, const GemvArgs& args) {
     const LaunchFn fn = launcher(type);
     if (!fn) throw std::invalid_argument("the CUDA backend has no GEMV kernel for " + std::string(tensor_type_name(type)));
     if (args.cols % 32 != 0) throw std::invalid_argument("GEMV columns must be a multiple of 32");
-    if (args.q_out && !gemv_writes_q8(type, args)) throw std::invalid_argument("this GEMV cannot write the int8 copy of its output");
     if (gemm_supports(type, args)) return gemm(type, args);
     return fn(args);
 }

@@ -11,7 +11,7 @@
 
 namespace edgerunner::cuda {
 
-struct QBlock;  // int8 activations (quant_dot.cuh)
+struct QBlock;  // int8 activations (quant_quarter.cuh)
 
 // One weight matrix of a fused GEMV: its rows are numbered after the previous part's.
 struct GemvPart {
@@ -38,11 +38,6 @@ struct GemvArgs {
     const QBlock* xq = nullptr;  // x quantized (types where gemv_wants_q8), xq_stride blocks apart
     int64_t xq_stride = 0;
     bool accumulate = false;
-    // A gated step can also write the int8 copy of its output for the next GEMV (where
-    // gemv_writes_q8): q_out, with q_done one counter per 32 rows, zero before the first step
-    // (the kernel leaves them at zero).
-    QBlock* q_out = nullptr;
-    int32_t* q_done = nullptr;
 };
 
 // Picks the kernel: the tensor-core GEMM (gemm.cu) for chunks of kPrefillKernelTokens or more
@@ -56,9 +51,6 @@ Launch gemm(TensorType type, const GemvArgs& args);
 
 // Whether the type's GEMV reads int8 activations (GemvArgs::xq) rather than floats.
 bool gemv_wants_q8(TensorType type);
-// Whether this gated step's kernel also writes the int8 copy of its output (GemvArgs::q_out):
-// one-token steps of the int8 formats, rows a multiple of 32.
-bool gemv_writes_q8(TensorType type, const GemvArgs& args);
 size_t qblock_bytes();
 
 struct QuantizeArgs {

@@ -7,7 +7,6 @@
 #include "kv_slot.cuh"
 #include "ops.cuh"
 #include "quant_dot.cuh"
-#include "rope.cuh"
 #include "warp.cuh"
 
 namespace edgerunner::cuda {
@@ -114,15 +113,18 @@ struct RopeKv {
         }
         const bool is_q = h < a.n_head;
         float* x = is_q ? a.q + (t * a.n_head + h) * a.head_dim : a.k + t * kv_dim + static_cast<int64_t>(h - a.n_head) * a.head_dim;
-        const float p = __fmul_rn(static_cast<float>(pos), a.pos_scale);
+        const float p = static_cast<float>(pos) * a.pos_scale;
         const int half = a.rope_dim / 2;
         for (int i = threadIdx.x; i < half; i += blockDim.x) {
-            float cs, sn;
-            rope_angle(p, a.inv_freq[i], a.attn_factor, &cs, &sn);
+            const float theta = p * a.inv_freq[i];
+            float sn, cs;
+            sincosf(theta, &sn, &cs);
+            cs *= a.attn_factor;
+            sn *= a.attn_factor;
             const int i0 = a.neox ? i : 2 * i, i1 = a.neox ? i + half : 2 * i + 1;
             const float x0 = x[i0], x1 = x[i1];
-            x[i0] = rope_first(x0, x1, cs, sn);
-            x[i1] = rope_second(x0, x1, cs, sn);
+            x[i0] = x0 * cs - x1 * sn;
+            x[i1] = x0 * sn + x1 * cs;
         }
         if (is_q || !a.k_cache) return;
         __syncthreads();

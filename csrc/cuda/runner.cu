@@ -1,7 +1,6 @@
 // The CUDA backend's step runner. At prepare time the plan's ops are fused into steps (RMSNorm
 // that also quantizes its row for the next matmuls; Q, K and V as one GEMV; RoPE + KV write;
-// attention that quantizes its output; gate + up + activation as one GEMV (quantizing its output
-// in one-token steps); the residual added
+// attention that quantizes its output; gate + up + activation as one GEMV; the residual added
 // by the GEMV that produces it), and each step becomes one or two kernel launches (launch.cuh).
 // Per-step values (first position, tokens, sampling parameters) live in a device step block
 // that one copy from pinned memory fills, so the one-token step can be replayed unchanged:
@@ -157,8 +156,7 @@ struct Step {
     int n_parts = 0;
     cuda::Glu glu = cuda::Glu::None;  // Gemv: parts are gate and up; Glu: the activation
     bool quantize = false;     // Gemv: quantize op.in first
-    bool q_out = false;        // Norm, Attention, gated Gemv: also write the quantized copy of the output (a gated
-                               // GEMV where gemv_writes_q8, else the next GEMV quantizes it)
+    bool q_out = false;        // Norm, Attention: also write the quantized copy of the output
     bool local_rope = false;   // RopeKv
     int32_t layer = -1;        // RopeKv
 };
@@ -185,8 +183,6 @@ public:
         attn_partial_ = device_alloc<float>(static_cast<size_t>(scratch.partial));
         attn_done_ = device_alloc<int32_t>(static_cast<size_t>(scratch.counters));
         ER_CUDA(cudaMemset(attn_done_.get(), 0, static_cast<size_t>(scratch.counters) * sizeof(int32_t)));
-        gemv_done_ = device_alloc<int32_t>(static_cast<size_t>(gated_rows_ / 32 + 1));
-        ER_CUDA(cudaMemset(gemv_done_.get(), 0, static_cast<size_t>(gated_rows_ / 32 + 1) * sizeof(int32_t)));
         block_ = device_alloc<uint8_t>(step_block_bytes(plan_.max_tokens));
         host_block_ = pinned_alloc<StepBlock>(step_block_bytes(plan_.max_tokens));
         // RoPE inverse frequencies: the global base's, then the local layers' base's
@@ -327,7 +323,6 @@ private:
     };
 
     void fuse();
-    AttentionArgs attention_args(const Step& s, int64_t n, StepBlock* b) const;
     // The step's launches against step block `b` (a chained step's draw also goes to `next`'s
     // input token).
     void compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next = nullptr) const;
@@ -403,11 +398,9 @@ private:
     size_t offset_[kBufCount] = {};
     int64_t width_[kBufCount] = {};
     int64_t widest_ = 32;                // widest quantized matmul input (the int8 buffer's row)
-    int64_t gated_rows_ = 0;             // most rows of a gated GEMV that writes its int8 copy
     DevicePtr<uint8_t> qbuf_;            // int8 activations of one buffer, max_tokens rows
     DevicePtr<float> attn_partial_;      // the decode attention's partial results
     DevicePtr<int32_t> attn_done_;       // and its counters
-    DevicePtr<int32_t> gemv_done_;       // gated GEMVs writing their int8 copy: a counter per 32 rows
     DevicePtr<float> arena_, inv_freq_;  // inv_freq_: the global base's, then the local base's
     DevicePtr<uint8_t> block_;                         // the device step block
     std::unique_ptr<StepBlock, FreeHost> host_block_;  // its pinned staging copy
@@ -474,11 +467,8 @@ void Runner::fuse() {
                 }
                 if (gemv_wants_q8(type) && quantized != op.in) {
                     Step* prev = steps_.empty() ? nullptr : &steps_.back();
-                    const bool gated_writes = prev && prev->kind == Step::Gemv && prev->glu != cuda::Glu::None &&
-                                              prev->parts[0]->out == op.in && prev->op.tail == op.tail;
-                    const bool prev_writes = gated_writes || (prev && prev->op.out == op.in && prev->op.tail == op.tail &&
-                                             ((prev->kind == Step::Norm && !prev->op.accumulate) || (prev->kind == Step::Attention && c_.head_dim % 32 == 0)));
-                    if (gated_writes) gated_rows_ = std::max(gated_rows_, prev->parts[0]->weight->rows);
+                    const bool prev_writes = prev && prev->op.out == op.in && prev->op.tail == op.tail &&
+                                             ((prev->kind == Step::Norm && !prev->op.accumulate) || (prev->kind == Step::Attention && c_.head_dim % 32 == 0));
                     if (prev_writes) prev->q_out = true;
                     else s.quantize = true;
                     quantized = op.in;
@@ -497,21 +487,10 @@ void Runner::fuse() {
     }
 }
 
-// An attention step's arguments for a step of n tokens.
-AttentionArgs Runner::attention_args(const Step& s, int64_t n, StepBlock* b) const {
-    const int64_t l = s.op.layer;
-    return AttentionArgs{row(s.op.in, 0), kv_->k(l), kv_->v(l), row(s.op.out, 0), s.q_out ? qrow(0) : nullptr, q_stride(), n, &b->pos0,
-                         kv_->capacity[static_cast<size_t>(l)], s.op.window, kv_->slot_bytes, static_cast<int32_t>(c_.n_head),
-                         static_cast<int32_t>(c_.n_head_kv), static_cast<int32_t>(c_.head_dim), attn_partial_.get(), attn_done_.get()};
-}
-
 // The step's launches, arguments resolved against this step's size.
 void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next) const {
     out->clear();
     const int64_t n = in.n_tokens;
-    bool q_missing = false;  // a gated step could not write its int8 copy: the next GEMV quantizes
-    const RopeKvArgs* rope = nullptr;  // a RoPE + KV write step left to the attention right after it
-    RopeKvArgs rope_args;
     for (const Step& s : steps_) {
         const Op& op = s.op;
         // tail ops (final norm, LM head) only for the rows whose logits are wanted
@@ -532,9 +511,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 break;
             case Step::Gemv: {
                 const Weight& w = *op.weight;
-                if (s.quantize || q_missing)
-                    out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
-                q_missing = false;
+                if (s.quantize) out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
                 GemvArgs a;
                 for (int k = 0; k < s.n_parts; ++k) {
                     const Op& p = *s.parts[k];
@@ -551,35 +528,25 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 a.xq = qrow(first);
                 a.xq_stride = q_stride();
                 a.accumulate = op.accumulate;
-                if (s.q_out) {
-                    q_missing = !gemv_writes_q8(w.type, a);
-                    if (!q_missing) a.q_out = qrow(first), a.q_done = gemv_done_.get();
-                }
                 out->push_back(gemv(w.type, a));
                 break;
             }
             case Step::RopeKv: {
                 const int64_t l = s.layer;
-                rope_args = RopeKvArgs{row(Buf::Q, 0), row(Buf::K, 0), row(Buf::V, 0), kv_->k(l), kv_->v(l),
-                                       inv_freq_.get() + (s.local_rope ? c_.rope_dim / 2 : 0), n, &b->pos0,
-                                       kv_->capacity[static_cast<size_t>(l)], kv_->slot_bytes, c_.rope_linear_scale, c_.rope_attn_factor,
-                                       static_cast<int32_t>(c_.n_head), static_cast<int32_t>(c_.n_head_kv),
-                                       static_cast<int32_t>(c_.head_dim), static_cast<int32_t>(c_.rope_dim),
-                                       c_.rope_style == RopeStyle::Neox};
-                // a one-token step's attention of this layer, right after, rotates and writes the cache itself
-                const Step* next = &s + 1;
-                if (next != steps_.data() + steps_.size() && next->kind == Step::Attention && next->op.layer == l &&
-                    attention_fuses_rope(attention_args(*next, n, b), rope_args.rope_dim, rope_args.neox))
-                    rope = &rope_args;
-                else
-                    out->push_back(rope_kv(kv_->type, rope_args));
+                out->push_back(rope_kv(kv_->type, RopeKvArgs{row(Buf::Q, 0), row(Buf::K, 0), row(Buf::V, 0), kv_->k(l), kv_->v(l),
+                                                  inv_freq_.get() + (s.local_rope ? c_.rope_dim / 2 : 0), n, &b->pos0,
+                                                  kv_->capacity[static_cast<size_t>(l)], kv_->slot_bytes, c_.rope_linear_scale, c_.rope_attn_factor,
+                                                  static_cast<int32_t>(c_.n_head), static_cast<int32_t>(c_.n_head_kv),
+                                                  static_cast<int32_t>(c_.head_dim), static_cast<int32_t>(c_.rope_dim),
+                                                  c_.rope_style == RopeStyle::Neox}));
                 break;
             }
             case Step::Attention: {
-                AttentionArgs a = attention_args(s, n, b);
-                if (rope) a.rope = FusedRope{rope->k, rope->v, rope->inv_freq, rope->pos_scale, rope->attn_factor, rope->rope_dim, rope->neox};
-                rope = nullptr;
-                out->push_back(attention(kv_->type, a));
+                const int64_t l = op.layer;
+                out->push_back(attention(kv_->type, AttentionArgs{row(op.in, 0), kv_->k(l), kv_->v(l), row(op.out, 0), s.q_out ? qrow(0) : nullptr,
+                                                       q_stride(), n, &b->pos0, kv_->capacity[static_cast<size_t>(l)], op.window, kv_->slot_bytes,
+                                                       static_cast<int32_t>(c_.n_head), static_cast<int32_t>(c_.n_head_kv),
+                                                       static_cast<int32_t>(c_.head_dim), attn_partial_.get(), attn_done_.get()}));
                 break;
             }
             case Step::Glu: out->push_back(glu(GluArgs{row(op.in, 0), row(Buf::UP, 0), n * width(op.in), s.glu})); break;
