@@ -30,18 +30,25 @@ struct Embed {
 };
 
 // One block per row, four consecutive values per thread and pass (float4 loads, all in flight at
-// once, kept in registers: the row is read once): the sum of squares, a block reduction, then
-// each thread writes its values, and eight threads quantize each 32-value run together.
+// once, kept in registers: the row is read once; the weight's values loaded before the wait for
+// the input): the sum of squares, a block reduction, then each thread writes its values, and
+// eight threads quantize each 32-value run together.
 struct RmsNorm {
     using Args = NormArgs;
-    static constexpr int kPasses = 8;  // float4s per thread at most: rows of up to 32768 values
+    static constexpr int kPasses = 4;  // float4s per thread at most: rows of up to 16384 values
     static constexpr int kBlockThreads = 1024, kMinBlocks = 1;  // (launch bounds: 64 registers)
     static __device__ void run(const Args& a) {
         allow_next();
-        prefetch_l2(a.w, static_cast<size_t>(a.n) * sizeof(float), threadIdx.x, blockDim.x);  // a weight: before the wait
+        const int n4 = static_cast<int>(a.n / 4);
+        const float4* w = reinterpret_cast<const float4*>(a.w);
+        float4 g[kPasses];
+#pragma unroll
+        for (int k = 0; k < kPasses; ++k) {
+            const int i = threadIdx.x + k * blockDim.x;
+            g[k] = i < n4 ? w[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
         wait_inputs();
         __shared__ float partial[32];
-        const int n4 = static_cast<int>(a.n / 4);
         const float4* x = reinterpret_cast<const float4*>(a.in + blockIdx.x * a.n);
         float4 v[kPasses];
         float ss = 0.0f;
@@ -62,15 +69,13 @@ struct RmsNorm {
         __syncthreads();
         const float scale = 1.0f / sqrtf(partial[0] / static_cast<float>(a.n) + a.eps);
         float4* y = reinterpret_cast<float4*>(a.out + blockIdx.x * a.n);
-        const float4* w = reinterpret_cast<const float4*>(a.w);
 #pragma unroll
         for (int k = 0; k < kPasses; ++k) {
             const int i = threadIdx.x + k * blockDim.x;
             if (k * blockDim.x >= n4) break;  // (uniform)
             float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (i < n4) {  // (in == out: the whole row was read above)
-                const float4 g = w[i];
-                o = make_float4(v[k].x * scale * g.x, v[k].y * scale * g.y, v[k].z * scale * g.z, v[k].w * scale * g.w);
+                o = make_float4(v[k].x * scale * g[k].x, v[k].y * scale * g[k].y, v[k].z * scale * g[k].z, v[k].w * scale * g[k].w);
                 if (a.accumulate) {
                     const float4 r = y[i];
                     o.x += r.x, o.y += r.y, o.z += r.z, o.w += r.w;
