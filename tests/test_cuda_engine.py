@@ -29,7 +29,7 @@ def test_cuda_logits_close_to_float64_reference(tiny_models, case):
     assert err <= 0.03 * scale, f"{case} seed {seed}: max |Δ| {err:.3g} vs |logit| max {scale:.3g}"
 
 
-@pytest.mark.parametrize("ttype", ["Q4_K_M", "Q4_0"])  # quarters of units a lane; whole units a lane (Q4_0)
+@pytest.mark.parametrize("ttype", ["Q4_K_M", "Q4_0"])  # Q4_K + Q6_K super-blocks; Q4_0's 2-byte aligned blocks
 def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype):
     """reset, extend, decode and rewinds give the logits of one full prefill exactly: in steps
     of up to 15 tokens (chunks of 8 here) each token's kernels do the same arithmetic whatever

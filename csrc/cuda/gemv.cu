@@ -98,8 +98,9 @@ struct Gemv {
 // three chunks per row are in flight while one is computed, and a lane takes a whole unit of the
 // chunk (kPerLane of them) out of shared memory. Global loads are thus full-width and coalesced
 // whatever the block size (18 to 210 bytes), and the first chunks are requested before the
-// kernel waits for its input. The kernel is issue-bound (bench/NOTES.md): chunks of one or two
-// units per lane keep the ring's bookkeeping small beside the dot products.
+// kernel waits for its input. Instruction issue was this kernel's limit (bench/NOTES.md): chunks
+// of one or two units per lane keep the ring's bookkeeping small beside the dot products, and
+// the weights are read by shared (not generic) loads.
 constexpr int kStagedWarps = 8;
 constexpr int64_t kMaxStagedCols = 65536;  // activations of up to this many columns in shared memory (96 KiB)
 constexpr int kRing = 3;                   // chunk buffers per row

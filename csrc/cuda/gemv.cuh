@@ -11,7 +11,7 @@
 
 namespace edgerunner::cuda {
 
-struct QBlock;  // int8 activations (quant_quarter.cuh)
+struct QBlock;  // int8 activations (quant_dot.cuh)
 
 // One weight matrix of a fused GEMV: its rows are numbered after the previous part's.
 struct GemvPart {
