@@ -63,8 +63,8 @@ def test_gemv_equals_float64(name):
         n = blocks * (256 if name in K_TYPES else 32)
         rows = random_weights(name, n_rows, n, rng)
         assert_matmul_close(name, rows, random_activations(rng, 1, n), f"rows={n_rows} n={n} seed {seed}")
-    # more row pairs than warps resident at once (the int8 formats' kernel walks several pairs per
-    # warp): 20011 rows drawn from 257 random ones
+    # more rows than one wave of blocks holds (blocks retire and new ones start mid-kernel; an odd
+    # count leaves the last warp one row): 20011 rows drawn from 257 random ones
     n = 2 * (256 if name in K_TYPES else 32)
     rows = random_weights(name, 257, n, rng)[rng.integers(0, 257, 20011)]
     assert_matmul_close(name, rows, random_activations(rng, 1, n), f"rows=20011 n={n} seed {seed}")
