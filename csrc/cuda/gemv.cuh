@@ -38,7 +38,21 @@ struct GemvArgs {
     const QBlock* xq = nullptr;  // x quantized (types where gemv_wants_q8), xq_stride blocks apart
     int64_t xq_stride = 0;
     bool accumulate = false;
+    // One token of an int8 format only: x (floats) is quantized by the GEMV itself, after an
+    // RMSNorm by norm_w where given (rows of up to kMaxFoldNormCols), in place of the quantize or
+    // RMSNorm kernel before it; its block 0 also writes what that kernel would have (the int8
+    // copy to xq_out; the normalized row to norm_out).
+    bool fold = false;
+    const float* norm_w = nullptr;
+    float norm_eps = 0.0f;
+    float* norm_out = nullptr;
+    QBlock* xq_out = nullptr;
+    // Weights the next matmul of the step will read: the last blocks of this one start pulling
+    // them into L2 (one token; sm_90), so that the kernels in between overlap their fetch.
+    const uint8_t* next_w[3] = {};
+    size_t next_bytes[3] = {};
 };
+constexpr int64_t kMaxFoldNormCols = 8192;
 
 // Picks the kernel: the tensor-core GEMM (gemm.cu) for chunks of kPrefillKernelTokens or more
 // where it applies, else a GEMV (one token, or eight tokens per weight load).

@@ -78,6 +78,31 @@ __device__ __forceinline__ XUnit load_x(const QBlock& x) {
     return u;
 }
 
+// One thread's 32 values (eight float4s) quantized as quantize_block quantizes a warp's: the
+// same d and q, straight into a unit (and its block form, for a kernel that also writes it).
+__device__ __forceinline__ XUnit quantize_run(const float4 (&v)[8]) {
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
+    XUnit u;
+    u.d = m / 127.0f;
+    auto q = [&](float f) { return static_cast<uint32_t>(static_cast<uint8_t>(u.d > 0.0f ? __float2int_rn(f / u.d) : 0)); };
+    u.sum_lo = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) u.w[j] = static_cast<int>(q(v[j].x) | q(v[j].y) << 8 | q(v[j].z) << 16 | q(v[j].w) << 24);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) u.sum_lo = __dp4a(kOnes, u.w[j], u.sum_lo);
+    u.sum = u.sum_lo;
+#pragma unroll
+    for (int j = 4; j < 8; ++j) u.sum = __dp4a(kOnes, u.w[j], u.sum);
+    return u;
+}
+__device__ __forceinline__ void store_block(const XUnit& u, QBlock& out) {
+    out.d = u.d;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) reinterpret_cast<int*>(out.q)[j] = u.w[j];
+}
+
 // Nibble words w (bytes 4i..4i+3 of a unit's 16 bytes of quants: elements 4i.. in the low
 // nibbles, 16 + 4i.. in the high ones), with the fifth bits from qh where given, dotted with x.
 template <bool kFiveBit>
