@@ -363,6 +363,31 @@ struct Quantize {
 
 bool gemv_supports(TensorType type) { return launcher(type) != nullptr; }
 
+namespace {
+template <class K>
+bool fits_one_wave(const GemvArgs& a, int64_t rows) {
+    const int64_t warps = a.glu != Glu::None ? rows : (rows + kSlots - 1) / kSlots;
+    const int64_t blocks = (warps + kStagedWarps - 1) / kStagedWarps;
+    int device = 0, sms = 0, per_sm = 0;
+    ER_CUDA(cudaGetDevice(&device));
+    ER_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    static const bool sized = allow_smem<K>(K::kWeightSmem + kMaxStagedCols / 32 * 3 * sizeof(int4));
+    (void)sized;
+    ER_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, reinterpret_cast<const void*>(value_entry<K>()), 32 * kStagedWarps, K::smem(a)));
+    return blocks <= static_cast<int64_t>(sms) * per_sm;
+}
+}  // namespace
+
+bool gemv_one_wave(TensorType type, const GemvArgs& a, int64_t rows) {
+    switch (type) {
+#define ER_WAVE(T) \
+    case TensorType::T: return fits_one_wave<GemvStaged<TensorType::T>>(a, rows);
+        ER_WAVE(Q4_0) ER_WAVE(Q4_1) ER_WAVE(Q5_0) ER_WAVE(Q5_1) ER_WAVE(Q8_0) ER_WAVE(Q4_K) ER_WAVE(Q5_K) ER_WAVE(Q6_K)
+#undef ER_WAVE
+        default: return false;
+    }
+}
+
 bool gemv_wants_q8(TensorType type) {
     switch (type) {
 #define ER_Q8(T) \

@@ -63,13 +63,19 @@ Launch gemv(TensorType type, const GemvArgs& args);
 bool gemm_supports(TensorType type, const GemvArgs& args);
 Launch gemm(TensorType type, const GemvArgs& args);
 
+// Whether the one-token GEMV of an int8 format over `rows` rows (gate/up pairs where a.glu is
+// set; a.cols columns) runs all its blocks at once: where folding its input's quantize or
+// RMSNorm in pays (bench/NOTES.md: in a grid of several waves every block's extra work before
+// its first weights shows).
+bool gemv_one_wave(TensorType type, const GemvArgs& a, int64_t rows);
+
 // Whether the type's GEMV reads int8 activations (GemvArgs::xq) rather than floats.
 bool gemv_wants_q8(TensorType type);
 size_t qblock_bytes();
 
 struct QuantizeArgs {
     const float* x;  // n_tokens rows of cols floats, x_stride apart
-    QBlock* out;     // cols/32 blocks per token, out_stride apart: d = max|x| / 127, q = round(x / d)
+    QBlock* out;     // cols/32 blocks per token, out_stride apart: d = max|x| / 127, q = round(x · (1/d))
     int64_t n_tokens, cols, x_stride, out_stride;
 };
 Launch quantize_activations(const QuantizeArgs& args);

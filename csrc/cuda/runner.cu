@@ -422,13 +422,14 @@ private:
 };
 
 // Measurement knobs (A/B in one build): EDGERUNNER_CUDA_FOLD=0 keeps the quantize and RMSNorm
-// kernels of one-token steps; EDGERUNNER_CUDA_PREFETCH_MB caps the next matmul's L2 prefetch.
-bool fold_enabled() {
-    static const bool on = [] {
+// kernels of one-token steps, 2 folds them into every GEMV (default 1: one-wave GEMVs);
+// EDGERUNNER_CUDA_PREFETCH_MB caps the next matmul's L2 prefetch.
+int fold_mode() {
+    static const int mode = [] {
         const char* e = std::getenv("EDGERUNNER_CUDA_FOLD");
-        return !(e && std::string(e) == "0");
+        return e ? std::atoi(e) : 1;
     }();
-    return on;
+    return mode;
 }
 size_t prefetch_bytes() {
     static const size_t bytes = [] {
@@ -491,17 +492,24 @@ void Runner::fuse() {
                         if (s.parts[k]->out == b) return true;
                     return false;
                 };
+                // folding the input's quantize or RMSNorm into the one-token GEMV: where its grid is one wave
+                GemvArgs shape;
+                shape.cols = op.weight->cols;
+                shape.glu = s.glu;
+                int64_t rows = 0;
+                for (int k = 0; k < (s.glu != cuda::Glu::None ? 1 : s.n_parts); ++k) rows += s.parts[k]->weight->rows;
+                const bool fold_pays = fold_mode() == 2 || (fold_mode() == 1 && gemv_one_wave(type, shape, rows));
                 if (gemv_wants_q8(type) && quantized != op.in) {
                     Step* prev = steps_.empty() ? nullptr : &steps_.back();
                     const bool prev_writes = prev && prev->op.out == op.in && prev->op.tail == op.tail &&
                                              ((prev->kind == Step::Norm && !prev->op.accumulate) || (prev->kind == Step::Attention && c_.head_dim % 32 == 0));
                     if (prev_writes) {
                         prev->q_out = true;
-                        prev->fold = prev->kind == Step::Norm && prev->op.in != prev->op.out && prev->op.weight->cols == op.weight->cols &&
-                                     op.weight->cols <= kMaxFoldNormCols && !writes_to(prev->op.in);
+                        prev->fold = fold_pays && prev->kind == Step::Norm && prev->op.in != prev->op.out &&
+                                     prev->op.weight->cols == op.weight->cols && op.weight->cols <= kMaxFoldNormCols && !writes_to(prev->op.in);
                     } else {
                         s.quantize = true;
-                        s.fold = !writes_to(op.in);
+                        s.fold = fold_pays && !writes_to(op.in);
                     }
                     quantized = op.in;
                 }
@@ -526,7 +534,6 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
     // one-token steps: the quantize and RMSNorm kernels folded into the GEMVs after them, and each
     // GEMV starting the next one's weights (the step's first, after the last) towards L2
     const bool one = n == 1;
-    const bool fold = one && fold_enabled();
     std::vector<size_t> gemvs;
     for (size_t i = 0; i < steps_.size(); ++i)
         if (steps_[i].kind == Step::Gemv) gemvs.push_back(i);
@@ -542,7 +549,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                                                                  row(Buf::X, 0), op.scale}));
                 break;
             case Step::Norm:
-                if (fold && s.fold) {
+                if (one && s.fold) {
                     folded_norm = &s;
                     break;
                 }
@@ -556,7 +563,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 break;
             case Step::Gemv: {
                 const Weight& w = *op.weight;
-                if (s.quantize && !(fold && s.fold)) out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
+                if (s.quantize && !(one && s.fold)) out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
                 GemvArgs a;
                 for (int k = 0; k < s.n_parts; ++k) {
                     const Op& p = *s.parts[k];
@@ -573,7 +580,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 a.xq = qrow(first);
                 a.xq_stride = q_stride();
                 a.accumulate = op.accumulate;
-                if (fold && (s.fold || folded_norm)) {
+                if (one && (s.fold || folded_norm)) {
                     a.fold = true;
                     if (folded_norm) {
                         const Op& norm = folded_norm->op;
