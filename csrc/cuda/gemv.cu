@@ -16,7 +16,6 @@
 #include "cuda.h"
 #include "gemv.cuh"
 #include "quant_dot.cuh"
-#include "rms.cuh"
 #include "warp.cuh"
 
 namespace edgerunner::cuda {
@@ -28,22 +27,6 @@ constexpr int kWarpsPerBlock = 4;
 template <typename F>
 __device__ __forceinline__ F field(const GemvArgs& a, int p, F GemvPart::*f) {
     return p == 0 ? a.part[0].*f : p == 1 ? a.part[1].*f : a.part[2].*f;
-}
-
-// The next matmul's weights into L2, shared out among this grid's last kPrefetchBlocks blocks
-// (those run last: their requests land as this kernel drains, not while its own rows stream).
-constexpr unsigned kPrefetchBlocks = 128;
-__device__ __forceinline__ void prefetch_next(const GemvArgs& a) {
-    if (threadIdx.x != 0 || !a.next_bytes[0]) return;
-    const unsigned p = min(gridDim.x, kPrefetchBlocks), first = gridDim.x - p;
-    if (blockIdx.x < first) return;
-    const size_t s = blockIdx.x - first;
-#pragma unroll
-    for (int k = 0; k < 3; ++k) {
-        const size_t bytes = a.next_bytes[k];  // a multiple of 16
-        const size_t lo = bytes * s / p & ~size_t{15}, hi = s + 1 == p ? bytes : bytes * (s + 1) / p & ~size_t{15};
-        if (hi > lo) prefetch_l2_bulk(a.next_w[k] + lo, hi - lo);
-    }
 }
 
 // Tokens [NT·blockIdx.y, +NT): each weight unit is loaded once for NT tokens. Before it waits
@@ -63,15 +46,11 @@ struct Gemv {
             if (p == 1 && a.n_parts > 2 && r >= a.part[1].rows) r -= a.part[1].rows, p = 2;
         }
         const bool gated = a.glu != Glu::None;
-        if (r >= field(a, p, &GemvPart::rows)) {
-            prefetch_next(a);
-            return wait_inputs();
-        }
+        if (r >= field(a, p, &GemvPart::rows)) return wait_inputs();
         const uint8_t* row = field(a, p, &GemvPart::w) + static_cast<size_t>(r) * a.row_bytes;
         const uint8_t* row2 = gated ? a.part[1].w + static_cast<size_t>(r) * a.row_bytes : row;
         prefetch_l2(row, a.row_bytes, lane, 32);
         if (gated) prefetch_l2(row2, a.row_bytes, lane, 32);
-        prefetch_next(a);
         wait_inputs();
 
         const int64_t t0 = static_cast<int64_t>(blockIdx.y) * NT;
@@ -148,46 +127,6 @@ struct GemvStaged {
         return XUnit{{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}, m.y, m.z, __int_as_float(m.x)};
     }
 
-    // unit u of the activations into shared memory (and, from block 0, the int8 copy to global)
-    static __device__ void put_x(const Args& a, int4* xs, int n_units, int u, const XUnit& x) {
-        xs[u] = make_int4(x.w[0], x.w[1], x.w[2], x.w[3]);
-        xs[n_units + u] = make_int4(x.w[4], x.w[5], x.w[6], x.w[7]);
-        xs[2 * n_units + u] = make_int4(__float_as_int(x.d), x.sum, x.sum_lo, 0);
-        if (a.xq_out && blockIdx.x == 0) store_block(x, a.xq_out[u]);
-    }
-
-    // The activations from floats (a.fold): each thread a whole unit, normalized first where
-    // a.norm_w is given (the RMSNorm kernel's arithmetic, rms.cuh).
-    static __device__ void fold_x(const Args& a, int4* xs, int n_units) {
-        const float4* x = reinterpret_cast<const float4*>(a.x);
-        if (!a.norm_w) {
-            for (int u = threadIdx.x; u < n_units; u += blockDim.x) {
-                float4 v[8];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) v[j] = x[8 * u + j];
-                put_x(a, xs, n_units, u, quantize_run(v));
-            }
-            return;
-        }
-        __shared__ float runs[32 * kStagedWarps];  // n_units ≤ the block's threads (kMaxFoldNormCols)
-        const int u = threadIdx.x;
-        float4 v[8];
-        if (u < n_units) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = x[8 * u + j];
-            runs[u] = run_sumsq(v);
-        }
-        __syncthreads();
-        const float scale = rms_scale(row_sumsq(runs, n_units, threadIdx.x % 32), a.cols, a.norm_eps);
-        if (u >= n_units) return;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            v[j] = rms_apply(v[j], scale, reinterpret_cast<const float4*>(a.norm_w)[8 * u + j]);
-            if (a.norm_out && blockIdx.x == 0) reinterpret_cast<float4*>(a.norm_out)[8 * u + j] = v[j];
-        }
-        put_x(a, xs, n_units, u, quantize_run(v));
-    }
-
     static __device__ void run(const Args& a) {
         extern __shared__ uint4 smem[];
         allow_next();
@@ -233,15 +172,14 @@ struct GemvStaged {
             commit();
         };
         for (int c = 0; c < kRing; ++c) issue(c, c);
-        prefetch_next(a);
-        if (a.norm_w && static_cast<int>(threadIdx.x) < n_units)  // the thread's unit of the norm's weight: one line
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(a.norm_w + 32 * threadIdx.x));
         wait_inputs();
         int4* xs = reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(smem) + kWeightSmem);
-        if (a.fold)
-            fold_x(a, xs, n_units);
-        else
-            for (int u = threadIdx.x; u < n_units; u += blockDim.x) put_x(a, xs, n_units, u, load_x(a.xq[u]));
+        for (int u = threadIdx.x; u < n_units; u += blockDim.x) {
+            const XUnit x = load_x(a.xq[u]);
+            xs[u] = make_int4(x.w[0], x.w[1], x.w[2], x.w[3]);
+            xs[n_units + u] = make_int4(x.w[4], x.w[5], x.w[6], x.w[7]);
+            xs[2 * n_units + u] = make_int4(__float_as_int(x.d), x.sum, x.sum_lo, 0);
+        }
         __syncthreads();
 
         float sum[kSlots] = {};
@@ -362,31 +300,6 @@ struct Quantize {
 }  // namespace
 
 bool gemv_supports(TensorType type) { return launcher(type) != nullptr; }
-
-namespace {
-template <class K>
-bool fits_one_wave(const GemvArgs& a, int64_t rows) {
-    const int64_t warps = a.glu != Glu::None ? rows : (rows + kSlots - 1) / kSlots;
-    const int64_t blocks = (warps + kStagedWarps - 1) / kStagedWarps;
-    int device = 0, sms = 0, per_sm = 0;
-    ER_CUDA(cudaGetDevice(&device));
-    ER_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    static const bool sized = allow_smem<K>(K::kWeightSmem + kMaxStagedCols / 32 * 3 * sizeof(int4));
-    (void)sized;
-    ER_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, reinterpret_cast<const void*>(value_entry<K>()), 32 * kStagedWarps, K::smem(a)));
-    return blocks <= static_cast<int64_t>(sms) * per_sm;
-}
-}  // namespace
-
-bool gemv_one_wave(TensorType type, const GemvArgs& a, int64_t rows) {
-    switch (type) {
-#define ER_WAVE(T) \
-    case TensorType::T: return fits_one_wave<GemvStaged<TensorType::T>>(a, rows);
-        ER_WAVE(Q4_0) ER_WAVE(Q4_1) ER_WAVE(Q5_0) ER_WAVE(Q5_1) ER_WAVE(Q8_0) ER_WAVE(Q4_K) ER_WAVE(Q5_K) ER_WAVE(Q6_K)
-#undef ER_WAVE
-        default: return false;
-    }
-}
 
 bool gemv_wants_q8(TensorType type) {
     switch (type) {

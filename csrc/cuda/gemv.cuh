@@ -38,21 +38,7 @@ struct GemvArgs {
     const QBlock* xq = nullptr;  // x quantized (types where gemv_wants_q8), xq_stride blocks apart
     int64_t xq_stride = 0;
     bool accumulate = false;
-    // One token of an int8 format only: x (floats) is quantized by the GEMV itself, after an
-    // RMSNorm by norm_w where given (rows of up to kMaxFoldNormCols), in place of the quantize or
-    // RMSNorm kernel before it; its block 0 also writes what that kernel would have (the int8
-    // copy to xq_out; the normalized row to norm_out).
-    bool fold = false;
-    const float* norm_w = nullptr;
-    float norm_eps = 0.0f;
-    float* norm_out = nullptr;
-    QBlock* xq_out = nullptr;
-    // Weights the next matmul of the step will read: the last blocks of this one start pulling
-    // them into L2 (one token; sm_90), so that the kernels in between overlap their fetch.
-    const uint8_t* next_w[3] = {};
-    size_t next_bytes[3] = {};
 };
-constexpr int64_t kMaxFoldNormCols = 8192;
 
 // Picks the kernel: the tensor-core GEMM (gemm.cu) for chunks of kPrefillKernelTokens or more
 // where it applies, else a GEMV (one token, or eight tokens per weight load).
@@ -63,19 +49,13 @@ Launch gemv(TensorType type, const GemvArgs& args);
 bool gemm_supports(TensorType type, const GemvArgs& args);
 Launch gemm(TensorType type, const GemvArgs& args);
 
-// Whether the one-token GEMV of an int8 format over `rows` rows (gate/up pairs where a.glu is
-// set; a.cols columns) runs all its blocks at once: where folding its input's quantize or
-// RMSNorm in pays (bench/NOTES.md: in a grid of several waves every block's extra work before
-// its first weights shows).
-bool gemv_one_wave(TensorType type, const GemvArgs& a, int64_t rows);
-
 // Whether the type's GEMV reads int8 activations (GemvArgs::xq) rather than floats.
 bool gemv_wants_q8(TensorType type);
 size_t qblock_bytes();
 
 struct QuantizeArgs {
     const float* x;  // n_tokens rows of cols floats, x_stride apart
-    QBlock* out;     // cols/32 blocks per token, out_stride apart: d = max|x| / 127, q = round(x · (1/d))
+    QBlock* out;     // cols/32 blocks per token, out_stride apart: d = max|x| / 127, q = round(x / d)
     int64_t n_tokens, cols, x_stride, out_stride;
 };
 Launch quantize_activations(const QuantizeArgs& args);

@@ -47,18 +47,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes, int lan
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
 }
 
-// Pull [p, p + bytes) into L2 by bulk requests of up to 64 KiB (sm_90; p and bytes multiples of
-// 16); nothing before sm_90.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, size_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const char* c = static_cast<const char*>(p);
-    for (size_t off = 0; off < bytes; off += 65536) {
-        const unsigned n = static_cast<unsigned>(bytes - off < 65536 ? bytes - off : 65536);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c + off), "r"(n) : "memory");
-    }
-#endif
-}
-
 template <class K>
 __global__ void by_value(const typename K::Args a) {
     K::run(a);

@@ -7,7 +7,6 @@
 #include "kv_slot.cuh"
 #include "ops.cuh"
 #include "quant_dot.cuh"
-#include "rms.cuh"
 #include "warp.cuh"
 
 namespace edgerunner::cuda {
@@ -32,9 +31,8 @@ struct Embed {
 
 // One block per row, four consecutive values per thread and pass (float4 loads, all in flight at
 // once, kept in registers: the row is read once; the weight's values loaded before the wait for
-// the input): each 32-value run's sum of squares from its eight threads, the row's from the runs
-// (rms.cuh: the order the one-token GEMV repeats when it folds the norm in), then each thread
-// writes its values, and the eight threads of a run quantize it together.
+// the input): the sum of squares, a block reduction, then each thread writes its values, and
+// eight threads quantize each 32-value run together.
 struct RmsNorm {
     using Args = NormArgs;
     static constexpr int kPasses = 4;  // float4s per thread at most: rows of up to 16384 values
@@ -50,23 +48,26 @@ struct RmsNorm {
             g[k] = i < n4 ? w[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
         wait_inputs();
-        __shared__ float runs[kPasses * kBlockThreads / 8];
+        __shared__ float partial[32];
         const float4* x = reinterpret_cast<const float4*>(a.in + blockIdx.x * a.n);
         float4 v[kPasses];
+        float ss = 0.0f;
 #pragma unroll
         for (int k = 0; k < kPasses; ++k) {
             const int i = threadIdx.x + k * blockDim.x;
             v[k] = i < n4 ? x[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
         }
-#pragma unroll
-        for (int k = 0; k < kPasses; ++k) {
-            const int i = threadIdx.x + k * blockDim.x;
-            if (k * blockDim.x >= n4) break;  // (uniform)
-            const float s = run_sumsq_lanes(v[k]);
-            if (i % 8 == 0 && i < n4) runs[i / 8] = s;
+        ss = warp_sum(ss);
+        if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            float t = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+            t = warp_sum(t);
+            if (threadIdx.x == 0) partial[0] = t;
         }
         __syncthreads();
-        const float scale = rms_scale(row_sumsq(runs, (n4 + 7) / 8, threadIdx.x % 32), a.n, a.eps);
+        const float scale = 1.0f / sqrtf(partial[0] / static_cast<float>(a.n) + a.eps);
         float4* y = reinterpret_cast<float4*>(a.out + blockIdx.x * a.n);
 #pragma unroll
         for (int k = 0; k < kPasses; ++k) {
@@ -74,7 +75,7 @@ struct RmsNorm {
             if (k * blockDim.x >= n4) break;  // (uniform)
             float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (i < n4) {  // (in == out: the whole row was read above)
-                o = rms_apply(v[k], scale, g[k]);
+                o = make_float4(v[k].x * scale * g[k].x, v[k].y * scale * g[k].y, v[k].z * scale * g[k].z, v[k].w * scale * g[k].w);
                 if (a.accumulate) {
                     const float4 r = y[i];
                     o.x += r.x, o.y += r.y, o.z += r.z, o.w += r.w;
@@ -86,10 +87,11 @@ struct RmsNorm {
 #pragma unroll
                 for (int offset = 4; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
                 if (i < n4) {
-                    const QScale s = qscale(m);
+                    const float d = m / 127.0f;
+                    auto q = [&](float f) { return static_cast<uint32_t>(static_cast<uint8_t>(d > 0.0f ? __float2int_rn(f / d) : 0)); };
                     QBlock& out = a.q[blockIdx.x * a.q_stride + i / 8];
-                    *reinterpret_cast<uint32_t*>(out.q + 4 * (i % 8)) = qbyte(o.x, s) | qbyte(o.y, s) << 8 | qbyte(o.z, s) << 16 | qbyte(o.w, s) << 24;
-                    if (i % 8 == 0) out.d = s.d;
+                    *reinterpret_cast<uint32_t*>(out.q + 4 * (i % 8)) = q(o.x) | q(o.y) << 8 | q(o.z) << 16 | q(o.w) << 24;
+                    if (i % 8 == 0) out.d = d;
                 }
             }
         }

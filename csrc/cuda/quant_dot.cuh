@@ -17,25 +17,12 @@ struct QBlock {
 };
 static_assert(sizeof(QBlock) == 36, "QBlock layout");
 
-// How every CUDA kernel quantizes 32 activations: d = max|v| / 127, q = round(v · (1/d)) (the
-// CPU's form; one reciprocal per block, not a division per value).
-struct QScale {
-    float d, id;
-};
-__device__ __forceinline__ QScale qscale(float max_abs) {
-    const float d = max_abs / 127.0f;
-    return QScale{d, d > 0.0f ? 1.0f / d : 0.0f};
-}
-__device__ __forceinline__ uint32_t qbyte(float v, const QScale& s) {
-    return static_cast<uint32_t>(static_cast<uint8_t>(__float2int_rn(v * s.id)));
-}
-
-// A warp's 32 values (one per lane) into one block. Kernels that produce a matmul's input call
-// it as they write the row (attention).
+// A warp's 32 values (one per lane) into one block: d = max|v| / 127, q = round(v / d). Kernels
+// that produce a matmul's input call it as they write the row (RMSNorm, attention).
 __device__ __forceinline__ void quantize_block(float v, QBlock& out, int lane) {
-    const QScale s = qscale(warp_max(fabsf(v)));
-    out.q[lane] = static_cast<int8_t>(qbyte(v, s));
-    if (lane == 0) out.d = s.d;
+    const float d = warp_max(fabsf(v)) / 127.0f;
+    out.q[lane] = static_cast<int8_t>(d > 0.0f ? __float2int_rn(v / d) : 0);
+    if (lane == 0) out.d = d;
 }
 
 // A 32-bit word from a 2-byte aligned address (two 16-bit loads).
@@ -89,31 +76,6 @@ __device__ __forceinline__ XUnit load_x(const QBlock& x) {
     for (int j = 4; j < 8; ++j) u.sum = __dp4a(kOnes, u.w[j], u.sum);
     u.d = x.d;
     return u;
-}
-
-// One thread's 32 values (eight float4s) quantized as quantize_block quantizes a warp's: the
-// same d and q, straight into a unit (and its block form, for a kernel that also writes it).
-__device__ __forceinline__ XUnit quantize_run(const float4 (&v)[8]) {
-    float m = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) m = fmaxf(m, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
-    const QScale s = qscale(m);
-    XUnit u;
-    u.d = s.d;
-    u.sum_lo = 0;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) u.w[j] = static_cast<int>(qbyte(v[j].x, s) | qbyte(v[j].y, s) << 8 | qbyte(v[j].z, s) << 16 | qbyte(v[j].w, s) << 24);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) u.sum_lo = __dp4a(kOnes, u.w[j], u.sum_lo);
-    u.sum = u.sum_lo;
-#pragma unroll
-    for (int j = 4; j < 8; ++j) u.sum = __dp4a(kOnes, u.w[j], u.sum);
-    return u;
-}
-__device__ __forceinline__ void store_block(const XUnit& u, QBlock& out) {
-    out.d = u.d;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) reinterpret_cast<int*>(out.q)[j] = u.w[j];
 }
 
 // Nibble words w (bytes 4i..4i+3 of a unit's 16 bytes of quants: elements 4i.. in the low

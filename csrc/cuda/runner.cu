@@ -13,7 +13,6 @@
 // tensor-core GEMM (gemm.cu).
 #include <algorithm>
 #include <cstddef>
-#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -158,8 +157,6 @@ struct Step {
     cuda::Glu glu = cuda::Glu::None;  // Gemv: parts are gate and up; Glu: the activation
     bool quantize = false;     // Gemv: quantize op.in first
     bool q_out = false;        // Norm, Attention: also write the quantized copy of the output
-    bool fold = false;         // Norm (with q_out): done by the next step's GEMV in one-token steps;
-                               // Gemv (with quantize): it quantizes its own input in one-token steps
     bool local_rope = false;   // RopeKv
     int32_t layer = -1;        // RopeKv
 };
@@ -421,24 +418,6 @@ private:
     int64_t last_row_ = 0;               // the last run's last token row
 };
 
-// Measurement knobs (A/B in one build): EDGERUNNER_CUDA_FOLD=0 keeps the quantize and RMSNorm
-// kernels of one-token steps, 2 folds them into every GEMV (default 1: one-wave GEMVs);
-// EDGERUNNER_CUDA_PREFETCH_MB caps the next matmul's L2 prefetch.
-int fold_mode() {
-    static const int mode = [] {
-        const char* e = std::getenv("EDGERUNNER_CUDA_FOLD");
-        return e ? std::atoi(e) : 1;
-    }();
-    return mode;
-}
-size_t prefetch_bytes() {
-    static const size_t bytes = [] {
-        const char* e = std::getenv("EDGERUNNER_CUDA_PREFETCH_MB");
-        return static_cast<size_t>(e ? std::atof(e) * (1 << 20) : 24.0 * (1 << 20));
-    }();
-    return bytes;
-}
-
 // Ops → steps, mirroring the CPU backend's prepare (cpu/executable.cpp), and where each
 // matmul's int8 input comes from: the RMSNorm or attention right before writes it as it
 // writes its output, else a quantize kernel runs first; a run of matmuls reading the same
@@ -486,31 +465,12 @@ void Runner::fuse() {
                     ops[i + 1].in == s.parts[0]->out && s.parts[1]->out == Buf::UP && s.parts[0]->weight->rows == s.parts[1]->weight->rows) {
                     s.glu = ops[++i].kind == OpKind::GeGLU ? cuda::Glu::GELU : cuda::Glu::SiLU;
                 }
-                // (a GEMV that folds in what wrote its input must not write that input's source)
-                auto writes_to = [&](Buf b) {
-                    for (int k = 0; k < s.n_parts; ++k)
-                        if (s.parts[k]->out == b) return true;
-                    return false;
-                };
-                // folding the input's quantize or RMSNorm into the one-token GEMV: where its grid is one wave
-                GemvArgs shape;
-                shape.cols = op.weight->cols;
-                shape.glu = s.glu;
-                int64_t rows = 0;
-                for (int k = 0; k < (s.glu != cuda::Glu::None ? 1 : s.n_parts); ++k) rows += s.parts[k]->weight->rows;
-                const bool fold_pays = fold_mode() == 2 || (fold_mode() == 1 && gemv_one_wave(type, shape, rows));
                 if (gemv_wants_q8(type) && quantized != op.in) {
                     Step* prev = steps_.empty() ? nullptr : &steps_.back();
                     const bool prev_writes = prev && prev->op.out == op.in && prev->op.tail == op.tail &&
                                              ((prev->kind == Step::Norm && !prev->op.accumulate) || (prev->kind == Step::Attention && c_.head_dim % 32 == 0));
-                    if (prev_writes) {
-                        prev->q_out = true;
-                        prev->fold = fold_pays && prev->kind == Step::Norm && prev->op.in != prev->op.out &&
-                                     prev->op.weight->cols == op.weight->cols && op.weight->cols <= kMaxFoldNormCols && !writes_to(prev->op.in);
-                    } else {
-                        s.quantize = true;
-                        s.fold = fold_pays && !writes_to(op.in);
-                    }
+                    if (prev_writes) prev->q_out = true;
+                    else s.quantize = true;
                     quantized = op.in;
                 }
                 if (gemv_wants_q8(type)) widest_ = std::max(widest_, op.weight->cols);
@@ -531,15 +491,7 @@ void Runner::fuse() {
 void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next) const {
     out->clear();
     const int64_t n = in.n_tokens;
-    // one-token steps: the quantize and RMSNorm kernels folded into the GEMVs after them, and each
-    // GEMV starting the next one's weights (the step's first, after the last) towards L2
-    const bool one = n == 1;
-    std::vector<size_t> gemvs;
-    for (size_t i = 0; i < steps_.size(); ++i)
-        if (steps_[i].kind == Step::Gemv) gemvs.push_back(i);
-    const Step* folded_norm = nullptr;
-    for (size_t i = 0; i < steps_.size(); ++i) {
-        const Step& s = steps_[i];
+    for (const Step& s : steps_) {
         const Op& op = s.op;
         // tail ops (final norm, LM head) only for the rows whose logits are wanted
         const int64_t first = op.tail && !in.logits_out ? n - 1 : 0;
@@ -549,10 +501,6 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                                                                  row(Buf::X, 0), op.scale}));
                 break;
             case Step::Norm:
-                if (one && s.fold) {
-                    folded_norm = &s;
-                    break;
-                }
                 out->push_back(rms_norm(NormArgs{row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first),
                                                  n - first, width(op.in), c_.norm_eps, op.accumulate, s.q_out ? qrow(first) : nullptr,
                                                  q_stride()}));
@@ -563,7 +511,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 break;
             case Step::Gemv: {
                 const Weight& w = *op.weight;
-                if (s.quantize && !(one && s.fold)) out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
+                if (s.quantize) out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
                 GemvArgs a;
                 for (int k = 0; k < s.n_parts; ++k) {
                     const Op& p = *s.parts[k];
@@ -580,29 +528,6 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 a.xq = qrow(first);
                 a.xq_stride = q_stride();
                 a.accumulate = op.accumulate;
-                if (one && (s.fold || folded_norm)) {
-                    a.fold = true;
-                    if (folded_norm) {
-                        const Op& norm = folded_norm->op;
-                        a.x = row(norm.in, 0);
-                        a.norm_w = reinterpret_cast<const float*>((*w_)(norm.weight));
-                        a.norm_eps = c_.norm_eps;
-                        a.norm_out = row(norm.out, 0);
-                    }
-                    a.xq_out = qrow(0);
-                    folded_norm = nullptr;
-                }
-                if (one && prefetch_bytes() > 0) {
-                    const size_t k = static_cast<size_t>(std::find(gemvs.begin(), gemvs.end(), i) - gemvs.begin());
-                    const Step& to = steps_[gemvs[(k + 1) % gemvs.size()]];
-                    size_t total = 0;
-                    for (int p = 0; p < to.n_parts; ++p) total += weight_bytes(*to.parts[p]->weight);
-                    const double share = std::min(1.0, static_cast<double>(prefetch_bytes()) / static_cast<double>(total));
-                    for (int p = 0; p < to.n_parts; ++p) {
-                        a.next_w[p] = (*w_)(to.parts[p]->weight);
-                        a.next_bytes[p] = round_up(static_cast<size_t>(share * static_cast<double>(weight_bytes(*to.parts[p]->weight))), 16);
-                    }
-                }
                 out->push_back(gemv(w.type, a));
                 break;
             }
