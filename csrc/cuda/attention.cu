@@ -32,7 +32,8 @@ __device__ __forceinline__ void write_head(const AttentionArgs& a, int64_t t, in
 
 // Decode, and steps under kPrefillKernelTokens (flash-decoding): one block per (token, run of its
 // keys, KV head — and set of up to kDecodeHeads of the query heads it serves). Each warp walks
-// every kDecodeWarps-th key of the run, two keys' rows loaded at a time; lanes hold head
+// every kDecodeWarps-th key of the run, four keys' rows in flight (two above head size 128; of
+// its first ones, the keys of earlier steps requested before the wait for the input); lanes hold head
 // dimensions (l, l + 32, ...), and each K row is scored against all the block's query heads and
 // each V row added into all their running outputs, so a row is read once for its whole group
 // (GQA). The warps' (max, sum, output) are merged in shared memory. A token's keys are cut into
@@ -45,9 +46,10 @@ constexpr int kDecodeWarps = 8, kDecodeHeads = 4, kSplits = 32, kSplitKeys = 32;
 template <KvType K, int D>  // D: dimensions per lane (head sizes up to 32·D)
 struct DecodeAttention {
     using Args = AttentionArgs;
+    static constexpr int kKeys = D <= 4 ? 4 : 2;  // keys per warp in flight
+
     static __device__ void run(const Args& a) {
         allow_next();
-        wait_inputs();
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         const int hd = a.head_dim, group = a.n_head / a.n_head_kv, sets = (group + kDecodeHeads - 1) / kDecodeHeads;
         const int64_t t = blockIdx.x / kSplits;
@@ -55,7 +57,8 @@ struct DecodeAttention {
         const int g = static_cast<int>(blockIdx.y) / sets;                             // the KV head
         const int h0 = g * group + (static_cast<int>(blockIdx.y) % sets) * kDecodeHeads;  // its first query head here
         const int nh = min(kDecodeHeads, (g + 1) * group - h0);
-        const int64_t pos = *a.pos0 + t;
+        // (the step block is written before the step's first kernel starts: no wait for it)
+        const int64_t pos0 = *a.pos0, pos = pos0 + t;
         const int64_t start = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
         const int64_t n_keys = pos - start + 1;
         const int64_t runs = min(static_cast<int64_t>(kSplits), (n_keys + kSplitKeys - 1) / kSplitKeys);
@@ -64,6 +67,22 @@ struct DecodeAttention {
         if (split >= n_split) return;
         const int64_t lo = start + split * per, hi = min(lo + per, pos + 1);  // keys [lo, hi)
         const int head_off = g * hd;
+
+        auto load_row = [&](const uint8_t* cache, int64_t p, float(&v)[D]) {
+            const uint8_t* slot = cache + static_cast<size_t>(p % a.capacity) * a.slot_bytes;
+#pragma unroll
+            for (int i = 0; i < D; ++i) v[i] = lane + 32 * i < hd ? Kv<K>::load(slot, head_off + lane + 32 * i) : 0.0f;
+        };
+        // The warp's keys: lo + warp, then every kDecodeWarps-th, kKeys rows of K and V in flight.
+        // Of its first kKeys, those before the step's first position were written by earlier
+        // steps: they are loaded before the wait (the previous kernel writes only this step's).
+        float kr[kKeys][D], vr[kKeys][D];
+#pragma unroll
+        for (int k = 0; k < kKeys; ++k) {
+            const int64_t p = lo + warp + k * kDecodeWarps;
+            if (p < hi && p < pos0) load_row(a.k_cache, p, kr[k]), load_row(a.v_cache, p, vr[k]);
+        }
+        wait_inputs();
 
         float q[kDecodeHeads][D], acc[kDecodeHeads][D], m[kDecodeHeads], l[kDecodeHeads];
         const float scale = rsqrtf(static_cast<float>(hd));
@@ -77,11 +96,6 @@ struct DecodeAttention {
             }
             m[j] = -FLT_MAX, l[j] = 0.0f;
         }
-        auto load_row = [&](const uint8_t* cache, int64_t p, float(&v)[D]) {
-            const uint8_t* slot = cache + static_cast<size_t>(p % a.capacity) * a.slot_bytes;
-#pragma unroll
-            for (int i = 0; i < D; ++i) v[i] = lane + 32 * i < hd ? Kv<K>::load(slot, head_off + lane + 32 * i) : 0.0f;
-        };
         auto add_key = [&](const float(&kr)[D], const float(&vr)[D]) {
 #pragma unroll
             for (int j = 0; j < kDecodeHeads; ++j) {
@@ -98,17 +112,15 @@ struct DecodeAttention {
                 m[j] = m_new;
             }
         };
-        for (int64_t p = lo + warp; p < hi; p += 2 * kDecodeWarps) {
-            float k0[D], v0[D], k1[D], v1[D];
-            const bool two = p + kDecodeWarps < hi;
-            load_row(a.k_cache, p, k0);
-            load_row(a.v_cache, p, v0);
-            if (two) {
-                load_row(a.k_cache, p + kDecodeWarps, k1);
-                load_row(a.v_cache, p + kDecodeWarps, v1);
+        for (int64_t p0 = lo + warp; p0 < hi; p0 += kKeys * kDecodeWarps) {
+#pragma unroll
+            for (int k = 0; k < kKeys; ++k) {
+                const int64_t p = p0 + k * kDecodeWarps;
+                if (p < hi && (p0 != lo + warp || p >= pos0)) load_row(a.k_cache, p, kr[k]), load_row(a.v_cache, p, vr[k]);
             }
-            add_key(k0, v0);
-            if (two) add_key(k1, v1);
+#pragma unroll
+            for (int k = 0; k < kKeys; ++k)
+                if (p0 + k * kDecodeWarps < hi) add_key(kr[k], vr[k]);
         }
 
         // the warps' states, merged per head by warp j < nh (a warp that saw no key has l = 0)

@@ -172,7 +172,22 @@ struct GemvStaged {
             commit();
         };
         for (int c = 0; c < kRing; ++c) issue(c, c);
+        // what the sums join at the end, loaded off the tail: the bias before the wait (weights),
+        // the residual after it (an activation)
+        float bias[kSlots] = {}, residual[kSlots] = {};
+        float* out[kSlots] = {};
+        if (lane == 0 && !gated)
+#pragma unroll
+            for (int s = 0; s < kSlots; ++s)
+                if (row[s]) {
+                    if (const float* b = field(a, part[s], &GemvPart::bias)) bias[s] = b[r[s]];
+                    out[s] = field(a, part[s], &GemvPart::y) + r[s];
+                }
         wait_inputs();
+        if (a.accumulate)
+#pragma unroll
+            for (int s = 0; s < kSlots; ++s)
+                if (out[s]) residual[s] = *out[s];
         int4* xs = reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(smem) + kWeightSmem);
         for (int u = threadIdx.x; u < n_units; u += blockDim.x) {
             const XUnit x = load_x(a.xq[u]);
@@ -211,9 +226,8 @@ struct GemvStaged {
                 for (int s = 0; s < kSlots; ++s) {
                     if (!row[s]) continue;
                     float v = s == 0 ? v0 : v1;
-                    if (const float* bias = field(a, part[s], &GemvPart::bias)) v += bias[r[s]];
-                    float* out = field(a, part[s], &GemvPart::y) + r[s];
-                    *out = a.accumulate ? *out + v : v;
+                    if (field(a, part[s], &GemvPart::bias)) v += bias[s];
+                    *out[s] = a.accumulate ? residual[s] + v : v;
                 }
             }
         }

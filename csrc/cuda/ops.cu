@@ -99,16 +99,26 @@ struct RmsNorm {
 };
 
 // One block per (token, head) of Q, K and V (grid.y = n_head + 2·n_head_kv): Q and K heads are
-// rotated in place; K and V heads are then written to the cache.
+// rotated in place; K and V heads are then written to the cache. A thread's first angle is
+// computed before the wait for the input (it depends on the position and the frequencies only).
 template <KvType K>
 struct RopeKv {
     using Args = RopeKvArgs;
     static __device__ void run(const Args& a) {
         allow_next();
-        wait_inputs();
         const int64_t t = blockIdx.x;
         const int h = blockIdx.y;
-        const int64_t pos = *a.pos0 + t;
+        const int64_t pos = *a.pos0 + t;  // (the step block is written before the step's first kernel starts)
+        const float p = static_cast<float>(pos) * a.pos_scale;
+        const int half = a.rope_dim / 2;
+        auto angle = [&](int i, float& cs, float& sn) {
+            sincosf(p * a.inv_freq[i], &sn, &cs);
+            cs *= a.attn_factor;
+            sn *= a.attn_factor;
+        };
+        float cs0 = 0.0f, sn0 = 0.0f;
+        if (h < a.n_head + a.n_head_kv && static_cast<int>(threadIdx.x) < half) angle(threadIdx.x, cs0, sn0);
+        wait_inputs();
         const int64_t kv_dim = static_cast<int64_t>(a.n_head_kv) * a.head_dim;
         if (h >= a.n_head + a.n_head_kv) {  // a V head: into the cache as it is
             if (!a.v_cache) return;
@@ -118,14 +128,9 @@ struct RopeKv {
         }
         const bool is_q = h < a.n_head;
         float* x = is_q ? a.q + (t * a.n_head + h) * a.head_dim : a.k + t * kv_dim + static_cast<int64_t>(h - a.n_head) * a.head_dim;
-        const float p = static_cast<float>(pos) * a.pos_scale;
-        const int half = a.rope_dim / 2;
         for (int i = threadIdx.x; i < half; i += blockDim.x) {
-            const float theta = p * a.inv_freq[i];
-            float sn, cs;
-            sincosf(theta, &sn, &cs);
-            cs *= a.attn_factor;
-            sn *= a.attn_factor;
+            float cs = cs0, sn = sn0;
+            if (i != static_cast<int>(threadIdx.x)) angle(i, cs, sn);
             const int i0 = a.neox ? i : 2 * i, i1 = a.neox ? i + half : 2 * i + 1;
             const float x0 = x[i0], x1 = x[i1];
             x[i0] = x0 * cs - x1 * sn;
