@@ -267,3 +267,42 @@ def test_cuda_truncated_real_model_matches_the_cpu_backend(tmp_path_factory):
             break
         a.append(ta)
         b.append(tb)
+
+
+def test_cuda_python_generation_keeps_steps_in_flight(tmp_path):
+    """Model.generate's loop (streamed or not) tells append_sampled how many more draws it may
+    ask for, so with recorded dispatch the session keeps steps in flight on the device and drops
+    the untaken ones when the loop stops early. The text equals eager dispatch's (one step at a
+    time), to max_tokens and when a stop string cuts it; after the cut the session holds the
+    same tokens and the same logits bit for bit; two streams interleaved on one model each get
+    the text they get alone (each one's next call ends the other's chain)."""
+    import edgerunner
+    from edgerunner.model_builder import write_random_model
+
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=4)
+    kw = dict(max_tokens=24, temperature=0.9, seed=5, ignore_eos=True)
+    a_ids, b_ids = list(range(5, 15)), list(range(40, 52))
+    results, stop = {}, None
+    for dispatch in ("eager", "recorded"):
+        model = edgerunner.Model.load(path, backend="cuda", dispatch=dispatch)
+        full = model.generate(a_ids, **kw)
+        streamed = "".join(model.generate(a_ids, stream=True, **kw))
+        if stop is None:
+            stop = full[len(full) // 2:len(full) // 2 + 2]
+            assert stop.strip(), f"pick another stop string from {full!r}"
+        cut = model.generate(a_ids, stop=stop, **kw)
+        state = (list(model._session.tokens), model._session.logits().copy())
+        b_alone = model.generate(b_ids, **kw)
+        a, b = model.generate(a_ids, stream=True, **kw), model.generate(b_ids, stream=True, **kw)
+        a_text, b_text = [], []
+        for _ in range(40):
+            a_text.append(next(a, ""))
+            b_text.append(next(b, ""))
+        assert "".join(a_text) == full and "".join(b_text) == b_alone
+        results[dispatch] = (full, streamed, cut, state)
+    (full, streamed, cut, (tokens, logits)), (r_full, r_streamed, r_cut, (r_tokens, r_logits)) = results.values()
+    assert streamed == full == r_full == r_streamed
+    assert cut == r_cut == full[:full.index(stop)]
+    assert tokens == r_tokens and len(tokens) < len(a_ids) + kw["max_tokens"]
+    assert np.array_equal(logits, r_logits)

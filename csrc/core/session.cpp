@@ -1,6 +1,7 @@
 // Model loading and the session: which tokens the KV cache holds and which inference mode
 // (cached / decode / extend / reset) a new token list needs.
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -160,6 +161,23 @@ struct Session::Impl {
     const float* logits = nullptr;  // next-token logits of `tokens`, or null
     bool logits_on_device = false;  // null logits still on the device (after a sampled step)
 
+    // An open chain of steps drawn on the device: step k (1 … limit) appends the draw of step
+    // k − 1 (the first: `first`) at position base + k − 1; `pushed` of them are running or done,
+    // `popped` taken (their tokens in `tokens`), `next` the last taken draw (what the next step
+    // appends).
+    struct Chain {
+        SamplingParams params;
+        int32_t first = 0, next = 0;
+        int64_t base = 0, limit = 0, pushed = 0, popped = 0;
+    };
+    std::optional<Chain> chain;
+
+    void push() {
+        Chain& c = *chain;
+        decode->chain_push(c.base + c.pushed, c.params, static_cast<uint64_t>(c.base + c.pushed + 1), c.pushed == 0 ? &c.first : nullptr);
+        ++c.pushed;
+    }
+
     // One decode step for `token` that ends with the next token drawn on the device.
     int32_t step_sampled(int32_t token, const SamplingParams& params) {
         int32_t next = 0;
@@ -259,10 +277,18 @@ struct Session::Impl {
 };
 
 Session::Session(std::shared_ptr<Model> model) : impl_(std::make_unique<Impl>(std::move(model))) {}
-Session::~Session() = default;
+Session::~Session() {
+    if (impl_->chain) {
+        try {
+            impl_->decode->chain_end();  // steps still in flight use the session's buffers
+        } catch (...) {
+        }
+    }
+}
 
 EvalMode Session::eval(const int32_t* ids, size_t n) {
     Impl& s = *impl_;
+    settle();
     s.check(ids, n);
     size_t common = s.reusable_prefix(ids, n);
     if (common == n && n == s.tokens.size() && s.logits) return EvalMode::Cached;
@@ -276,6 +302,7 @@ EvalMode Session::eval(const int32_t* ids, size_t n) {
 
 void Session::eval_all(const int32_t* ids, size_t n, float* out) {
     Impl& s = *impl_;
+    settle();
     s.check(ids, n);
     rewind(0);
     s.process(ids, n, out);
@@ -283,6 +310,7 @@ void Session::eval_all(const int32_t* ids, size_t n, float* out) {
 
 void Session::append(int32_t token) {
     Impl& s = *impl_;
+    settle();
     if (static_cast<int64_t>(s.tokens.size()) >= s.model->n_ctx())
         throw std::length_error("the context is full (" + std::to_string(s.model->n_ctx()) + " tokens)");
     if (token < 0 || token >= s.model->config().n_vocab)
@@ -290,9 +318,20 @@ void Session::append(int32_t token) {
     s.process(&token, 1, nullptr);
 }
 
-int32_t Session::append_sampled(int32_t token, Sampler& sampler) {
+namespace {
+// Whether two parameter sets draw alike on the device (no bias or penalties there).
+bool same_draws(const SamplingParams& a, const SamplingParams& b) {
+    return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p && a.seed == b.seed;
+}
+}  // namespace
+
+int32_t Session::append_sampled(int32_t token, Sampler& sampler, int64_t ahead) {
     Impl& s = *impl_;
-    if (!s.decode->can_sample(sampler.params()) || sampler.n_vocab() != s.model->config().n_vocab) {
+    const SamplingParams& p = sampler.params();
+    if (s.chain && token == s.chain->next && s.chain->popped > 0 && s.chain->popped < s.chain->pushed && same_draws(p, s.chain->params))
+        return chain_next();  // the open chain goes on
+    settle();
+    if (!s.decode->can_sample(p) || sampler.n_vocab() != s.model->config().n_vocab) {
         append(token);
         return sample(sampler);
     }
@@ -300,11 +339,16 @@ int32_t Session::append_sampled(int32_t token, Sampler& sampler) {
         throw std::length_error("the context is full (" + std::to_string(s.model->n_ctx()) + " tokens)");
     if (token < 0 || token >= s.model->config().n_vocab)
         throw std::invalid_argument("token id " + std::to_string(token) + " is outside the vocabulary");
-    return s.step_sampled(token, sampler.params());
+    if (ahead > 0 && s.decode->chain_depth() > 0) {
+        chain_open(p, token, ahead + 1);
+        return chain_next();
+    }
+    return s.step_sampled(token, p);
 }
 
 void Session::rewind(size_t n) {
     Impl& s = *impl_;
+    settle();
     if (n >= s.tokens.size()) return;
     s.tokens.resize(n);  // cache slots past n are simply overwritten later
     s.logits = nullptr;
@@ -312,6 +356,7 @@ void Session::rewind(size_t n) {
 }
 
 const float* Session::logits() const {
+    settle();
     if (!impl_->logits && impl_->logits_on_device) {
         impl_->decode->fetch_logits();
         impl_->logits = impl_->decode->logits();
@@ -356,43 +401,72 @@ std::vector<int32_t> Session::generate_chained(const SamplingParams& params, int
     auto stops = [&](int32_t t) { return std::find(stop_ids.begin(), stop_ids.end(), t) != stop_ids.end(); };
     std::vector<int32_t> out{first};
     if (stops(first) || static_cast<int64_t>(s.tokens.size()) >= n_ctx()) return out;
-    // step k (1 … limit) appends out[k - 1] at position base + k − 1 and draws out[k]
-    const int64_t base = static_cast<int64_t>(s.tokens.size());
-    const int64_t limit = std::min<int64_t>(max_tokens - 1, n_ctx() - base);
-    int64_t pushed = 0, popped = 0;
-    auto push = [&] {
-        s.decode->chain_push(base + pushed, params, static_cast<uint64_t>(base + pushed + 1), pushed == 0 ? &first : nullptr);
-        ++pushed;
-    };
-    while (pushed < std::min<int64_t>(limit, s.decode->chain_depth())) push();
+    chain_open(params, first, max_tokens - 1);
     bool stopped = false;
+    while (!stopped && s.chain->popped < s.chain->limit) {
+        out.push_back(chain_next());
+        stopped = stops(out.back());
+    }
+    settle();
+    if (!stopped && static_cast<int64_t>(out.size()) == max_tokens && static_cast<int64_t>(s.tokens.size()) < n_ctx())
+        append(out.back());
+    return out;
+}
+
+void Session::chain_open(const SamplingParams& params, int32_t first, int64_t draws) {
+    Impl& s = *impl_;
+    Impl::Chain c;
+    c.params = params;
+    c.first = c.next = first;
+    c.base = static_cast<int64_t>(s.tokens.size());
+    c.limit = std::min<int64_t>(draws, n_ctx() - c.base);
+    s.chain = c;
     try {
-        while (popped < pushed) {
-            const int32_t next = s.decode->chain_pop();
-            s.tokens.push_back(out.back());
-            ++popped;
-            out.push_back(next);
-            if (stops(next)) {
-                stopped = true;
-                break;
-            }
-            if (pushed < limit) push();
-        }
-        s.decode->chain_end();
+        while (s.chain->pushed < std::min<int64_t>(c.limit, s.decode->chain_depth())) s.push();
     } catch (...) {
         s.decode->chain_end();
+        s.chain.reset();
         throw;
     }
-    s.logits = nullptr;
-    s.logits_on_device = true;
-    if (pushed > popped) {  // steps past the stop token ran too: the last kept step's logits again
+}
+
+// The oldest step in flight: its token joins the session, its draw comes back, and another step
+// goes in flight if the chain has more.
+int32_t Session::chain_next() {
+    Impl& s = *impl_;
+    Impl::Chain& c = *s.chain;
+    try {
+        const int32_t drawn = s.decode->chain_pop();
+        s.tokens.push_back(c.next);
+        ++c.popped;
+        c.next = drawn;
+        s.logits = nullptr;
+        s.logits_on_device = true;  // (the last taken step's, once the steps past it are settled)
+        if (c.pushed < c.limit) s.push();
+        return drawn;
+    } catch (...) {
+        s.decode->chain_end();
+        s.chain.reset();
+        throw;
+    }
+}
+
+// Ends an open chain: steps past the taken ones ran too (their cache slots are past the session's
+// tokens, overwritten later), so the last taken token is decoded again for its logits.
+void Session::settle() const {
+    Impl& s = *impl_;
+    if (!s.chain) return;
+    const Impl::Chain c = *s.chain;
+    s.chain.reset();
+    s.decode->chain_end();
+    if (c.pushed > c.popped) {
+        s.logits = nullptr;
+        s.logits_on_device = false;
+        if (s.tokens.empty()) return;
         const int32_t last = s.tokens.back();
         s.tokens.pop_back();
         s.process(&last, 1, nullptr);
     }
-    if (!stopped && static_cast<int64_t>(out.size()) == max_tokens && static_cast<int64_t>(s.tokens.size()) < n_ctx())
-        append(out.back());
-    return out;
 }
 
 }  // namespace edgerunner

@@ -130,11 +130,13 @@ void bind_engine(nb::module_& m) {
             nb::gil_scoped_release release;
             s.append(token);
         }, nb::arg("token"))
-        .def("append_sampled", [](Session& s, int32_t token, Sampler& sampler) {
+        .def("append_sampled", [](Session& s, int32_t token, Sampler& sampler, int64_t ahead) {
             nb::gil_scoped_release release;
-            return s.append_sampled(token, sampler);
-        }, nb::arg("token"), nb::arg("sampler"),
-           "append(token), then the next token from the sampler (drawn on the GPU where the backend can).")
+            return s.append_sampled(token, sampler, ahead);
+        }, nb::arg("token"), nb::arg("sampler"), nb::arg("ahead") = 0,
+           "append(token), then the next token from the sampler (drawn on the GPU where the backend can). "
+           "ahead: how many more such calls may follow, each appending the previous draw (steps may then "
+           "run ahead on the GPU; the session drops the untaken ones at its next call).")
         .def("rewind", &Session::rewind, nb::arg("n"))
         .def("logits", [](const Session& s) {
             const float* p = s.logits();

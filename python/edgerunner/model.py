@@ -342,9 +342,9 @@ def _stream(model: Model, session: Any, ids: np.ndarray, params: SamplingParams,
                 own()
                 if i == 0:
                     token = session.sample(sampler)
-                else:  # the previous token in, the next one out (drawn on the GPU where it can)
-                    previous = token
-                    token = session.append_sampled(previous, sampler)
+                else:  # the previous token in, the next one out (drawn on the GPU where it can, steps
+                    previous = token  # running ahead there: the draws this loop may still ask for)
+                    token = session.append_sampled(previous, sampler, max_tokens - 1 - i)
                     history.append(previous)
             if token in end_ids:
                 info["finish_reason"] = "eos"

@@ -71,8 +71,11 @@ public:
     void append(int32_t token);
     // append(token), then the next token drawn by `sampler` from the new logits: on a backend
     // that samples on the device only the token comes back (logits() fetches the logits when
-    // asked). Same tokens as append + sample on every backend's logits.
-    int32_t append_sampled(int32_t token, Sampler& sampler);
+    // asked). Same tokens as append + sample on every backend's logits. `ahead`: how many more
+    // draws the caller may ask for after this one, each appending the previous draw (a streaming
+    // loop); a backend that chains steps (CUDA, recorded dispatch) then keeps some in flight.
+    // Steps past what the caller takes are dropped by the session's next call of any kind.
+    int32_t append_sampled(int32_t token, Sampler& sampler, int64_t ahead = 0);
     // Keeps the first n tokens; the next eval recomputes from there.
     void rewind(size_t n);
 
@@ -88,6 +91,11 @@ public:
 private:
     std::vector<int32_t> generate_chained(const SamplingParams& params, int32_t first, int64_t max_tokens,
                                           const std::vector<int32_t>& stop_ids);
+    // Draws chained on the device: open (the first step appends `first`; at most `draws` steps),
+    // take the next draw, or end the chain leaving what the taken steps did (settle).
+    void chain_open(const SamplingParams& params, int32_t first, int64_t draws);
+    int32_t chain_next();
+    void settle() const;
 
     struct Impl;
     std::unique_ptr<Impl> impl_;

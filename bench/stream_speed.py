@@ -1,0 +1,62 @@
+"""Decode speed through the Python API against the native loop, on one GGUF file:
+
+    python3 bench/stream_speed.py MODEL.gguf [--backend cuda] [--dispatch recorded] [--tokens 128]
+
+Three loops draw the same greedy tokens from the same 16-token prompt (ignore_eos):
+  Model.generate        the Python loop (text pieces, stop strings checked per token), telling
+                        the session how many draws may follow (so steps run ahead on the GPU)
+  one step at a time    the same session calls without that (append_sampled(token, sampler))
+  Session.generate      the native loop
+Tokens per second, best of --reps runs (each includes one decode step for the prompt's last token).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from edgerunner import Model, _core
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--dispatch", default="recorded")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    model = Model.load(args.model, backend=args.backend, dispatch=args.dispatch)
+    ids, n = list(range(5, 21)), args.tokens
+    ids32 = np.asarray(ids, np.int32)
+    session = model._session
+
+    def python_loop() -> None:
+        model.generate(ids, max_tokens=n, ignore_eos=True, temperature=0.0)
+
+    def step_at_a_time() -> None:
+        sampler = _core.Sampler(model.n_vocab, seed=0, temperature=0.0)
+        session.eval(ids32)
+        token = session.sample(sampler)
+        for _ in range(n - 1):
+            token = session.append_sampled(token, sampler)
+
+    def native_loop() -> None:
+        session.eval(ids32)
+        session.generate(_core.Sampler(model.n_vocab, seed=0, temperature=0.0), n, [])
+
+    print(f"{args.model} ({model.backend}, {args.dispatch}), {n} tokens:")
+    for name, run in (("Model.generate", python_loop), ("one step at a time", step_at_a_time),
+                      ("Session.generate", native_loop)):
+        run()  # warm-up (records the graphs)
+        best = 1e30
+        for _ in range(args.reps):
+            start = time.perf_counter()
+            run()
+            best = min(best, time.perf_counter() - start)
+        print(f"  {name:20s} {n / best:8.1f} tok/s")
+
+
+if __name__ == "__main__":
+    main()
