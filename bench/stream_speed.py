@@ -2,10 +2,11 @@
 
     python3 bench/stream_speed.py MODEL.gguf [--backend cuda] [--dispatch recorded] [--tokens 128]
 
-Three loops draw the same greedy tokens from the same 16-token prompt (ignore_eos):
+Four loops draw the same greedy tokens from the same 16-token prompt (ignore_eos):
   Model.generate        the Python loop (text pieces, stop strings checked per token), telling
                         the session how many draws may follow (so steps run ahead on the GPU)
-  one step at a time    the same session calls without that (append_sampled(token, sampler))
+  ... one step at a time   the same loop with the session told nothing (each draw waited for)
+  bare session calls    append_sampled(token, sampler) in a bare loop (no text, no stop checks)
   Session.generate      the native loop
 Tokens per second, best of --reps runs (each includes one decode step for the prompt's last token).
 """
@@ -35,6 +36,20 @@ def main() -> None:
     def python_loop() -> None:
         model.generate(ids, max_tokens=n, ignore_eos=True, temperature=0.0)
 
+    class OneStep:  # the session, with append_sampled told nothing of the draws to come
+        def __getattr__(self, name: str) -> object:
+            return getattr(session, name)
+
+        def append_sampled(self, token: int, sampler: object, ahead: int = 0) -> int:
+            return session.append_sampled(token, sampler)
+
+    def python_loop_one_step() -> None:
+        model._session = OneStep()
+        try:
+            python_loop()
+        finally:
+            model._session = session
+
     def step_at_a_time() -> None:
         sampler = _core.Sampler(model.n_vocab, seed=0, temperature=0.0)
         session.eval(ids32)
@@ -47,15 +62,15 @@ def main() -> None:
         session.generate(_core.Sampler(model.n_vocab, seed=0, temperature=0.0), n, [])
 
     print(f"{args.model} ({model.backend}, {args.dispatch}), {n} tokens:")
-    for name, run in (("Model.generate", python_loop), ("one step at a time", step_at_a_time),
-                      ("Session.generate", native_loop)):
+    for name, run in (("Model.generate", python_loop), ("... one step at a time", python_loop_one_step),
+                      ("bare session calls", step_at_a_time), ("Session.generate", native_loop)):
         run()  # warm-up (records the graphs)
         best = 1e30
         for _ in range(args.reps):
             start = time.perf_counter()
             run()
             best = min(best, time.perf_counter() - start)
-        print(f"  {name:20s} {n / best:8.1f} tok/s")
+        print(f"  {name:24s} {n / best:8.1f} tok/s")
 
 
 if __name__ == "__main__":
