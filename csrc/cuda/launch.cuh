@@ -14,9 +14,13 @@
 // into a list of them and dispatches the list in one of three ways.
 //
 // Programmatic dependent launch (sm_90): kernels are launched so that the next one may start
-// while this one drains. Every body therefore calls `wait_inputs()` before it touches any
-// activation, cache or step-block memory (reads and writes); only weights, which no kernel
-// writes, may be read before it. `allow_next()` lets the next kernel start launching.
+// while this one drains. Every body therefore calls `wait_inputs()` before it writes anything,
+// and before it reads activations or this step's KV-cache slots. Before it, a body may read
+// what no kernel of the running step writes: weights and tables written at load, the step
+// block's header (copied in before the step's first kernel starts), and the KV-cache slots of
+// earlier steps' positions (below the step's first position) — and it should: whatever does not
+// wait is off the step's critical path (bench/NOTES.md, sixth CUDA session). `allow_next()` lets
+// the next kernel start launching.
 #pragma once
 
 #include <cuda_runtime.h>
