@@ -342,8 +342,10 @@ def _stream(model: Model, session: Any, ids: np.ndarray, params: SamplingParams,
                 own()
                 if i == 0:
                     token = session.sample(sampler)
-                else:  # the previous token in, the next one out (drawn on the GPU where it can, steps
-                    previous = token  # running ahead there: the draws this loop may still ask for)
+                else:
+                    # the previous token in, the next one out: drawn on the GPU where it can, with
+                    # steps running ahead there (told how many draws this loop may still ask for)
+                    previous = token
                     token = session.append_sampled(previous, sampler, max_tokens - 1 - i)
                     history.append(previous)
             if token in end_ids:
