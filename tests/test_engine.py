@@ -78,10 +78,16 @@ def test_precise_mode_matches_float64_reference(tiny_models, case):
     assert err <= 1e-4, f"{case} seed {seed}: max |Δ| {err:.3g} (|logit| max {np.abs(want).max():.3g})"
 
 
+# Fast mode's bound on max |Δlogit| against the float64 reference, as a fraction of max |logit|:
+# int8 activation rounding costs ~0.5 % of the activation scale per matmul. Measured over 400
+# seeds of the widest cases (rows of 256, untied heads): qwen3 Q4_K median 2.0 %, p99 3.0 %,
+# max 3.4 %; llama Q4_K 1.9 / 2.9 / 3.0 % (a 3 % bound failed about one CI run in a hundred).
+FAST_TOLERANCE = 0.045
+
+
 @pytest.mark.parametrize("case", IDS)
 def test_fast_mode_close_to_reference(tiny_models, case):
-    """Fast mode (Q8 activations, f16 KV cache): int8 activation rounding costs ~0.5% of the
-    activation scale per matmul; over two layers the logits stay within 3% of the logit range."""
+    """Fast mode (Q8 activations, f16 KV cache) within FAST_TOLERANCE of the logit range."""
     path, seed = tiny_models[case]
     ref = ReferenceModel(path)
     model = _core.Model.load(str(path), backend="cpu", n_threads=2, prefill_chunk=16)
@@ -90,7 +96,7 @@ def test_fast_mode_close_to_reference(tiny_models, case):
     got = _core.Session(model).eval_all(ids)
     scale = np.abs(want).max()
     err = np.abs(got - want).max()
-    assert err <= 0.03 * scale, f"{case} seed {seed}: max |Δ| {err:.3g} vs |logit| max {scale:.3g}"
+    assert err <= FAST_TOLERANCE * scale, f"{case} seed {seed}: max |Δ| {err:.3g} vs |logit| max {scale:.3g}"
 
 
 @pytest.mark.parametrize("precise,kv_type", [(True, "f32"), (False, "f32"), (False, "f16"), (False, "q8_0")])
