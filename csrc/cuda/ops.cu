@@ -88,9 +88,9 @@ struct RmsNorm {
                 for (int offset = 4; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
                 if (i < n4) {
                     const float d = m / 127.0f;
-                    auto q = [&](float f) { return static_cast<uint32_t>(static_cast<uint8_t>(d > 0.0f ? __float2int_rn(f / d) : 0)); };
                     QBlock& out = a.q[blockIdx.x * a.q_stride + i / 8];
-                    *reinterpret_cast<uint32_t*>(out.q + 4 * (i % 8)) = q(o.x) | q(o.y) << 8 | q(o.z) << 16 | q(o.w) << 24;
+                    *reinterpret_cast<uint32_t*>(out.q + 4 * (i % 8)) =
+                        quantize_value(o.x, d) | quantize_value(o.y, d) << 8 | quantize_value(o.z, d) << 16 | quantize_value(o.w, d) << 24;
                     if (i % 8 == 0) out.d = d;
                 }
             }

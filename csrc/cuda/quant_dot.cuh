@@ -17,11 +17,17 @@ struct QBlock {
 };
 static_assert(sizeof(QBlock) == 36, "QBlock layout");
 
-// A warp's 32 values (one per lane) into one block: d = max|v| / 127, q = round(v / d). Kernels
-// that produce a matmul's input call it as they write the row (RMSNorm, attention).
+// One value of a block with scale d = max|v| / 127: q = round(v / d), as its byte. Every kernel
+// that quantizes activations goes through it, so all give the same bits.
+__device__ __forceinline__ uint32_t quantize_value(float v, float d) {
+    return static_cast<uint32_t>(static_cast<uint8_t>(d > 0.0f ? __float2int_rn(v / d) : 0));
+}
+
+// A warp's 32 values (one per lane) into one block (the quantize kernel; attention as it writes
+// its output).
 __device__ __forceinline__ void quantize_block(float v, QBlock& out, int lane) {
     const float d = warp_max(fabsf(v)) / 127.0f;
-    out.q[lane] = static_cast<int8_t>(d > 0.0f ? __float2int_rn(v / d) : 0);
+    out.q[lane] = static_cast<int8_t>(quantize_value(v, d));
     if (lane == 0) out.d = d;
 }
 
