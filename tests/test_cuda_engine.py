@@ -30,19 +30,22 @@ def test_cuda_logits_close_to_float64_reference(tiny_models, case):
     assert err <= FAST_TOLERANCE * scale, f"{case} seed {seed}: max |Δ| {err:.3g} vs |logit| max {scale:.3g}"
 
 
-@pytest.mark.parametrize("ttype", ["Q4_K_M", "Q4_0"])  # Q4_K + Q6_K super-blocks; Q4_0's 2-byte aligned blocks
-def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype):
+# Q4_K + Q6_K super-blocks; Q4_0's 2-byte aligned blocks; an f32 cache
+@pytest.mark.parametrize("ttype,kv_type", [("Q4_K_M", "f16"), ("Q4_0", "f16"), ("Q4_0", "f32")])
+def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type):
     """reset, extend, decode and rewinds give the logits of one full prefill exactly: in steps
     of up to 15 tokens (chunks of 8 here) each token's kernels do the same arithmetic whatever
     the step size, including how its keys are split over blocks (runs of 32+ keys from position
-    32 on). (From 16 tokens on, prefill takes the tensor-core GEMM and the tiled attention: the
-    same int8 products, summed in another order.)"""
+    32 on), and whether RoPE and the KV write are a kernel of their own (steps of several tokens)
+    or done by the GEMVs of Q, K and V as they store them (one token, llama's adjacent pairs).
+    (From 16 tokens on, prefill takes the tensor-core GEMM and the tiled attention: the same
+    int8 products, summed in another order.)"""
     from edgerunner.model_builder import write_random_model
 
     path = tmp_path / "m.gguf"
     write_random_model(path, arch="llama", preset="tiny", tensor_type=ttype, seed=5, n_heads=2, n_kv_heads=1,
                        dim=256, ffn_dim=512)
-    model = _core.Model.load(str(path), backend="cuda", prefill_chunk=8)
+    model = _core.Model.load(str(path), backend="cuda", prefill_chunk=8, kv_type=kv_type)
     ids = prompt(np.random.default_rng(0), 200)
     full = _core.Session(model).eval_all(ids)
     s = _core.Session(model)

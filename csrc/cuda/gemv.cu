@@ -15,7 +15,9 @@
 #include "check.cuh"
 #include "cuda.h"
 #include "gemv.cuh"
+#include "kv_slot.cuh"
 #include "quant_dot.cuh"
+#include "rope.cuh"
 #include "warp.cuh"
 
 namespace edgerunner::cuda {
@@ -107,7 +109,7 @@ constexpr int kRing = 3;                   // chunk buffers per row
 constexpr int kSlots = 2;                  // rows per warp
 constexpr int kMaxChunkBytes = 1536;       // two units per lane where a chunk stays within this
 
-template <TensorType T>
+template <TensorType T, bool kRope>
 struct GemvStaged {
     using Args = GemvArgs;
     using D = QuantDot<T>;
@@ -183,6 +185,20 @@ struct GemvStaged {
                     if (const float* b = field(a, part[s], &GemvPart::bias)) bias[s] = b[r[s]];
                     out[s] = field(a, part[s], &GemvPart::y) + r[s];
                 }
+        // RoPE (GemvRope): the warp's two rows are a pair (2i, 2i + 1) of one head, its angle
+        // computed now; the cache slot of the step's position
+        float cs = 1.0f, sn = 0.0f;
+        bool rotate = false;
+        uint8_t* slot[kSlots] = {};
+        if (kRope && lane == 0 && row[1]) {
+            const int64_t pos = *a.rope.pos0;  // (the step block is written before the step's first kernel starts)
+            const int d = static_cast<int>(r[0] % a.rope.head_dim);
+            rotate = field(a, part[0], &GemvPart::rope) && d < a.rope.rope_dim;
+            if (rotate) rope_angle(pos, a.rope.pos_scale, a.rope.inv_freq[d / 2], a.rope.attn_factor, cs, sn);
+#pragma unroll
+            for (int s = 0; s < kSlots; ++s)
+                if (uint8_t* c = field(a, part[s], &GemvPart::cache)) slot[s] = c + static_cast<size_t>(pos % a.rope.capacity) * a.rope.slot_bytes;
+        }
         wait_inputs();
         if (a.accumulate)
 #pragma unroll
@@ -222,12 +238,22 @@ struct GemvStaged {
             if (gated) {
                 a.part[0].y[r[0]] = gate_act(a.glu, v0) * v1;
             } else {
+                float v[kSlots] = {v0, v1};
+#pragma unroll
+                for (int s = 0; s < kSlots; ++s)
+                    if (row[s] && field(a, part[s], &GemvPart::bias)) v[s] += bias[s];
+                if (kRope && rotate) {
+                    const float2 y = rope_rotate(v[0], v[1], cs, sn);
+                    v[0] = y.x, v[1] = y.y;
+                }
 #pragma unroll
                 for (int s = 0; s < kSlots; ++s) {
                     if (!row[s]) continue;
-                    float v = s == 0 ? v0 : v1;
-                    if (field(a, part[s], &GemvPart::bias)) v += bias[s];
-                    *out[s] = a.accumulate ? residual[s] + v : v;
+                    *out[s] = a.accumulate ? residual[s] + v[s] : v[s];
+                    if (kRope && slot[s]) {
+                        if (a.rope.f16) Kv<KvType::F16>::store1(slot[s], r[s], v[s]);
+                        else Kv<KvType::F32>::store1(slot[s], r[s], v[s]);
+                    }
                 }
             }
         }
@@ -255,7 +281,8 @@ Launch launch(const GemvArgs& a) {
     const dim3 block(32 * kWarpsPerBlock);
     const unsigned row_blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
     if (a.n_tokens == 1) {
-        if constexpr (QuantDot<T>::kFast) return staged<GemvStaged<T>>(a, rows);
+        if constexpr (QuantDot<T>::kFast)
+            return a.rope.pos0 ? staged<GemvStaged<T, true>>(a, rows) : staged<GemvStaged<T, false>>(a, rows);
         else return make_launch<Gemv<T, 1>>(dim3(row_blocks, 1), block, a);
     }
     return make_launch<Gemv<T, 8>>(dim3(row_blocks, static_cast<unsigned>((a.n_tokens + 7) / 8)), block, a);
@@ -325,6 +352,10 @@ bool gemv_wants_q8(TensorType type) {
     }
 }
 
+bool gemv_ropes(TensorType type, const GemvArgs& a) {
+    return gemv_wants_q8(type) && a.n_tokens == 1 && a.glu == Glu::None && !gemm_supports(type, a);
+}
+
 size_t qblock_bytes() { return sizeof(QBlock); }
 
 Launch quantize_activations(const QuantizeArgs& a) {
@@ -336,6 +367,7 @@ Launch gemv(TensorType type, const GemvArgs& args) {
     const LaunchFn fn = launcher(type);
     if (!fn) throw std::invalid_argument("the CUDA backend has no GEMV kernel for " + std::string(tensor_type_name(type)));
     if (args.cols % 32 != 0) throw std::invalid_argument("GEMV columns must be a multiple of 32");
+    if (args.rope.pos0 && !gemv_ropes(type, args)) throw std::logic_error("only the one-token GEMV of an int8 format stores RoPE'd Q, K and V");
     if (gemm_supports(type, args)) return gemm(type, args);
     return fn(args);
 }

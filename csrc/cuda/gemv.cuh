@@ -19,6 +19,22 @@ struct GemvPart {
     const float* bias = nullptr;  // rows floats, or null
     float* y = nullptr;           // per token: y_stride floats apart
     int64_t rows = 0, y_stride = 0;
+    // with GemvArgs::rope (Q, K and V of one token): rotate the rows' pairs (Q, K), and store
+    // them into this layer's KV-cache slot at the step's position too (K, V)
+    bool rope = false;
+    uint8_t* cache = nullptr;
+};
+
+// RoPE of adjacent pairs and the KV write, done by the one-token GEMV as it stores Q, K and V (the
+// RoPE + KV write kernel's arithmetic, rope.cuh: the same bits), for a cache of f16 or f32.
+struct GemvRope {
+    const int64_t* pos0 = nullptr;  // device: the step block's position; null: no RoPE here
+    const float* inv_freq = nullptr;
+    float pos_scale = 1.0f, attn_factor = 1.0f;
+    int32_t head_dim = 0, rope_dim = 0;
+    int64_t capacity = 0;  // slots of the layer's cache
+    size_t slot_bytes = 0;
+    bool f16 = true;       // else f32
 };
 
 enum class Glu : int32_t { None, SiLU, GELU };
@@ -38,6 +54,7 @@ struct GemvArgs {
     const QBlock* xq = nullptr;  // x quantized (types where gemv_wants_q8), xq_stride blocks apart
     int64_t xq_stride = 0;
     bool accumulate = false;
+    GemvRope rope;
 };
 
 // Picks the kernel: the tensor-core GEMM (gemm.cu) for chunks of kPrefillKernelTokens or more
@@ -51,6 +68,8 @@ Launch gemm(TensorType type, const GemvArgs& args);
 
 // Whether the type's GEMV reads int8 activations (GemvArgs::xq) rather than floats.
 bool gemv_wants_q8(TensorType type);
+// Whether args.rope can be given: one token of an int8 format (the staged kernel), no gate.
+bool gemv_ropes(TensorType type, const GemvArgs& args);
 size_t qblock_bytes();
 
 struct QuantizeArgs {

@@ -21,8 +21,8 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 }
 
 // A KV slot in the cache's precision: value d of a slot, and a head's values stored into it
-// (a whole block of threads; q8_0 per 32 values by one warp: d = max|v| / 127, q = round(v / d),
-// as the CPU stores them).
+// (a whole block of threads; f16 and f32 also value by value, store1; q8_0 per 32 values by one
+// warp: d = max|v| / 127, q = round(v / d), as the CPU stores them).
 template <KvType K>
 struct Kv;
 
@@ -31,8 +31,9 @@ struct Kv<KvType::F16> {
     static __device__ float load(const uint8_t* slot, int d) { return __half2float(reinterpret_cast<const __half*>(slot)[d]); }
     // values d .. d + 7 (d a multiple of 8) as four f16 pairs
     static __device__ uint4 load8(const uint8_t* slot, int d) { return *reinterpret_cast<const uint4*>(slot + 2 * static_cast<size_t>(d)); }
+    static __device__ void store1(uint8_t* slot, int64_t i, float v) { reinterpret_cast<__half*>(slot)[i] = __float2half_rn(v); }
     static __device__ void store(uint8_t* slot, int64_t first, const float* x, int n) {
-        for (int i = threadIdx.x; i < n; i += blockDim.x) reinterpret_cast<__half*>(slot)[first + i] = __float2half_rn(x[i]);
+        for (int i = threadIdx.x; i < n; i += blockDim.x) store1(slot, first + i, x[i]);
     }
 };
 
@@ -44,8 +45,9 @@ struct Kv<KvType::F32> {
         const float4 a = f[0], b = f[1];
         return uint4{pack_half2(a.x, a.y), pack_half2(a.z, a.w), pack_half2(b.x, b.y), pack_half2(b.z, b.w)};
     }
+    static __device__ void store1(uint8_t* slot, int64_t i, float v) { reinterpret_cast<float*>(slot)[i] = v; }
     static __device__ void store(uint8_t* slot, int64_t first, const float* x, int n) {
-        for (int i = threadIdx.x; i < n; i += blockDim.x) reinterpret_cast<float*>(slot)[first + i] = x[i];
+        for (int i = threadIdx.x; i < n; i += blockDim.x) store1(slot, first + i, x[i]);
     }
 };
 

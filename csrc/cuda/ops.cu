@@ -5,6 +5,7 @@
 
 #include "check.cuh"
 #include "kv_slot.cuh"
+#include "rope.cuh"
 #include "ops.cuh"
 #include "quant_dot.cuh"
 #include "warp.cuh"
@@ -109,13 +110,8 @@ struct RopeKv {
         const int64_t t = blockIdx.x;
         const int h = blockIdx.y;
         const int64_t pos = *a.pos0 + t;  // (the step block is written before the step's first kernel starts)
-        const float p = static_cast<float>(pos) * a.pos_scale;
         const int half = a.rope_dim / 2;
-        auto angle = [&](int i, float& cs, float& sn) {
-            sincosf(p * a.inv_freq[i], &sn, &cs);
-            cs *= a.attn_factor;
-            sn *= a.attn_factor;
-        };
+        auto angle = [&](int i, float& cs, float& sn) { rope_angle(pos, a.pos_scale, a.inv_freq[i], a.attn_factor, cs, sn); };
         float cs0 = 0.0f, sn0 = 0.0f;
         if (h < a.n_head + a.n_head_kv && static_cast<int>(threadIdx.x) < half) angle(threadIdx.x, cs0, sn0);
         wait_inputs();
@@ -132,9 +128,9 @@ struct RopeKv {
             float cs = cs0, sn = sn0;
             if (i != static_cast<int>(threadIdx.x)) angle(i, cs, sn);
             const int i0 = a.neox ? i : 2 * i, i1 = a.neox ? i + half : 2 * i + 1;
-            const float x0 = x[i0], x1 = x[i1];
-            x[i0] = x0 * cs - x1 * sn;
-            x[i1] = x0 * sn + x1 * cs;
+            const float2 y = rope_rotate(x[i0], x[i1], cs, sn);
+            x[i0] = y.x;
+            x[i1] = y.y;
         }
         if (is_q || !a.k_cache) return;
         __syncthreads();

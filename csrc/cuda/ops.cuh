@@ -45,7 +45,8 @@ struct NormArgs {
 Launch rms_norm(const NormArgs& a);
 
 // Rotate each head of Q and K at the step's positions; with k_cache, then store the rotated K
-// and V rows into the layer's cache slots (RoPE + KV write in one kernel).
+// and V rows into the layer's cache slots (RoPE + KV write in one kernel; a one-token step of
+// adjacent pairs has the Q, K and V GEMVs do it instead: GemvRope).
 struct RopeKvArgs {
     float* q;               // n_tokens × n_head × head_dim
     float* k;               // n_tokens × n_head_kv × head_dim

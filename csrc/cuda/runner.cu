@@ -1,6 +1,7 @@
 // The CUDA backend's step runner. At prepare time the plan's ops are fused into steps (RMSNorm
-// that also quantizes its row for the next matmuls; Q, K and V as one GEMV; RoPE + KV write;
-// attention that quantizes its output; gate + up + activation as one GEMV; the residual added
+// that also quantizes its row for the next matmuls; Q, K and V as one GEMV; RoPE + KV write
+// (in a one-token step of llama-style RoPE, done by the Q, K and V GEMVs as they store their
+// rows: rope_folds); attention that quantizes its output; gate + up + activation as one GEMV; the residual added
 // by the GEMV that produces it), and each step becomes one or two kernel launches (launch.cuh).
 // Per-step values (first position, tokens, sampling parameters) live in a device step block
 // that one copy from pinned memory fills, so the one-token step can be replayed unchanged:
@@ -323,6 +324,9 @@ private:
     };
 
     void fuse();
+    // Whether the RoPE + KV write step k is done by the one-token GEMVs right before it (they
+    // compute all of Q, K and V): llama-style adjacent pairs, a cache of f16 or f32.
+    bool rope_folds(size_t k) const;
     // The step's launches against step block `b` (a chained step's draw also goes to `next`'s
     // input token).
     void compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next = nullptr) const;
@@ -487,11 +491,31 @@ void Runner::fuse() {
     }
 }
 
+bool Runner::rope_folds(size_t k) const {
+    const Step& r = steps_[k];
+    if (r.kind != Step::RopeKv || c_.rope_style == RopeStyle::Neox || c_.head_dim % 2 != 0 ||
+        (kv_->type != KvType::F16 && kv_->type != KvType::F32) || !kv_->k(r.layer) || !kv_->v(r.layer))
+        return false;
+    bool q = false, kk = false, v = false;
+    for (size_t j = k; j-- > 0 && steps_[j].kind == Step::Gemv;) {
+        const Step& g = steps_[j];
+        GemvArgs one;
+        one.n_tokens = 1;
+        if (g.glu != cuda::Glu::None || g.op.accumulate || !gemv_ropes(g.op.weight->type, one)) return false;
+        for (int p = 0; p < g.n_parts; ++p) {
+            q |= g.parts[p]->out == Buf::Q, kk |= g.parts[p]->out == Buf::K, v |= g.parts[p]->out == Buf::V;
+            if (g.parts[p]->weight->rows % 2 != 0) return false;
+        }
+    }
+    return q && kk && v;
+}
+
 // The step's launches, arguments resolved against this step's size.
 void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next) const {
     out->clear();
     const int64_t n = in.n_tokens;
-    for (const Step& s : steps_) {
+    for (size_t k = 0; k < steps_.size(); ++k) {
+        const Step& s = steps_[k];
         const Op& op = s.op;
         // tail ops (final norm, LM head) only for the rows whose logits are wanted
         const int64_t first = op.tail && !in.logits_out ? n - 1 : 0;
@@ -513,9 +537,9 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 const Weight& w = *op.weight;
                 if (s.quantize) out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
                 GemvArgs a;
-                for (int k = 0; k < s.n_parts; ++k) {
-                    const Op& p = *s.parts[k];
-                    a.part[k] = GemvPart{(*w_)(p.weight), reinterpret_cast<const float*>((*w_)(p.bias)), row(p.out, first), p.weight->rows,
+                for (int i = 0; i < s.n_parts; ++i) {
+                    const Op& p = *s.parts[i];
+                    a.part[i] = GemvPart{(*w_)(p.weight), reinterpret_cast<const float*>((*w_)(p.bias)), row(p.out, first), p.weight->rows,
                                          width(p.out)};
                 }
                 a.n_parts = s.n_parts;
@@ -528,10 +552,25 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 a.xq = qrow(first);
                 a.xq_stride = q_stride();
                 a.accumulate = op.accumulate;
+                size_t j = k + 1;  // a RoPE + KV write step after this run of GEMVs
+                while (j < steps_.size() && steps_[j].kind == Step::Gemv) ++j;
+                if (n == 1 && j < steps_.size() && steps_[j].kind == Step::RopeKv && rope_folds(j)) {
+                    const Step& r = steps_[j];
+                    const int64_t l = r.layer;
+                    a.rope = GemvRope{&b->pos0, inv_freq_.get() + (r.local_rope ? c_.rope_dim / 2 : 0), c_.rope_linear_scale,
+                                      c_.rope_attn_factor, static_cast<int32_t>(c_.head_dim), static_cast<int32_t>(c_.rope_dim),
+                                      kv_->capacity[static_cast<size_t>(l)], kv_->slot_bytes, kv_->type == KvType::F16};
+                    for (int p = 0; p < s.n_parts; ++p) {
+                        const Buf o = s.parts[p]->out;
+                        a.part[p].rope = o == Buf::Q || o == Buf::K;
+                        a.part[p].cache = o == Buf::K ? kv_->k(l) : o == Buf::V ? kv_->v(l) : nullptr;
+                    }
+                }
                 out->push_back(gemv(w.type, a));
                 break;
             }
             case Step::RopeKv: {
+                if (n == 1 && rope_folds(k)) break;  // the GEMVs before it did it
                 const int64_t l = s.layer;
                 out->push_back(rope_kv(kv_->type, RopeKvArgs{row(Buf::Q, 0), row(Buf::K, 0), row(Buf::V, 0), kv_->k(l), kv_->v(l),
                                                   inv_freq_.get() + (s.local_rope ? c_.rope_dim / 2 : 0), n, &b->pos0,
