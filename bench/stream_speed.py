@@ -2,7 +2,8 @@
 
     python3 bench/stream_speed.py MODEL.gguf [--backend cuda] [--dispatch recorded] [--tokens 128]
 
-Four loops draw the same greedy tokens from the same 16-token prompt (ignore_eos):
+Four loops draw the same tokens from the same 16-token prompt (ignore_eos), greedy unless
+--temperature (with --top-k, --top-p, --min-p; seed 0) says otherwise:
   Model.generate        the Python loop (text pieces, stop strings checked per token), telling
                         the session how many draws may follow (so steps run ahead on the GPU)
   ... one step at a time   the same loop with the session told nothing (each draw waited for)
@@ -27,14 +28,19 @@ def main() -> None:
     ap.add_argument("--dispatch", default="recorded")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--min-p", type=float, default=0.0)
     args = ap.parse_args()
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     model = Model.load(args.model, backend=args.backend, dispatch=args.dispatch)
     ids, n = list(range(5, 21)), args.tokens
     ids32 = np.asarray(ids, np.int32)
     session = model._session
 
     def python_loop() -> None:
-        model.generate(ids, max_tokens=n, ignore_eos=True, temperature=0.0)
+        model.generate(ids, max_tokens=n, ignore_eos=True, seed=0, **sampling)
 
     class OneStep:  # the session, with append_sampled told nothing of the draws to come
         def __getattr__(self, name: str) -> object:
@@ -51,7 +57,7 @@ def main() -> None:
             model._session = session
 
     def step_at_a_time() -> None:
-        sampler = _core.Sampler(model.n_vocab, seed=0, temperature=0.0)
+        sampler = _core.Sampler(model.n_vocab, seed=0, **sampling)
         session.eval(ids32)
         token = session.sample(sampler)
         for _ in range(n - 1):
@@ -59,9 +65,9 @@ def main() -> None:
 
     def native_loop() -> None:
         session.eval(ids32)
-        session.generate(_core.Sampler(model.n_vocab, seed=0, temperature=0.0), n, [])
+        session.generate(_core.Sampler(model.n_vocab, seed=0, **sampling), n, [])
 
-    print(f"{args.model} ({model.backend}, {args.dispatch}), {n} tokens:")
+    print(f"{args.model} ({model.backend}, {args.dispatch}), {n} tokens, {sampling}:")
     for name, run in (("Model.generate", python_loop), ("... one step at a time", python_loop_one_step),
                       ("bare session calls", step_at_a_time), ("Session.generate", native_loop)):
         run()  # warm-up (records the graphs)

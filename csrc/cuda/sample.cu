@@ -68,34 +68,61 @@ __device__ void Sample::run(const SampleArgs& a) {
     __shared__ float fsh[kThreads / 32];
     __shared__ int ish[kThreads / 32];
     __shared__ int best_id;
-    // max logit, lowest id on ties
+    // max logit, lowest id on ties: each thread takes its logits in rising id order, kLoads
+    // float4s (or floats) in flight at once, then warps and the block reduce
     float mx = -FLT_MAX;
     int arg = n;
-    for (int i = threadIdx.x; i < n; i += kThreads)
-        if (l[i] > mx) {
-            mx = l[i];
-            arg = i;
+    auto take = [&](float v, int i) {
+        if (v > mx) mx = v, arg = i;
+    };
+    constexpr int kLoads = 4;
+    int scalar_from = 0;
+    if (reinterpret_cast<uintptr_t>(l) % 16 == 0) {
+        const float4* l4 = reinterpret_cast<const float4*>(l);
+        const int n4 = n / 4;
+        for (int base = 0; base < n4; base += kLoads * kThreads) {
+            float4 v[kLoads];
+#pragma unroll
+            for (int k = 0; k < kLoads; ++k) {
+                const int j = base + k * kThreads + static_cast<int>(threadIdx.x);
+                v[k] = j < n4 ? l4[j] : make_float4(-FLT_MAX, -FLT_MAX, -FLT_MAX, -FLT_MAX);
+            }
+#pragma unroll
+            for (int k = 0; k < kLoads; ++k) {
+                const int i = 4 * (base + k * kThreads + static_cast<int>(threadIdx.x));
+                take(v[k].x, i), take(v[k].y, i + 1), take(v[k].z, i + 2), take(v[k].w, i + 3);
+            }
         }
-    for (int o = 16; o > 0; o /= 2) {
-        const float m2 = __shfl_xor_sync(0xFFFFFFFFu, mx, o);
-        const int a2 = __shfl_xor_sync(0xFFFFFFFFu, arg, o);
-        if (m2 > mx || (m2 == mx && a2 < arg)) {
-            mx = m2;
-            arg = a2;
-        }
+        scalar_from = 4 * n4;
     }
+    for (int base = scalar_from; base < n; base += kLoads * kThreads) {
+        float v[kLoads];
+#pragma unroll
+        for (int k = 0; k < kLoads; ++k) {
+            const int i = base + k * kThreads + static_cast<int>(threadIdx.x);
+            v[k] = i < n ? l[i] : -FLT_MAX;
+        }
+#pragma unroll
+        for (int k = 0; k < kLoads; ++k) take(v[k], base + k * kThreads + static_cast<int>(threadIdx.x));
+    }
+    auto warp_best = [&] {
+        for (int o = 16; o > 0; o /= 2) {
+            const float m2 = __shfl_xor_sync(0xFFFFFFFFu, mx, o);
+            const int a2 = __shfl_xor_sync(0xFFFFFFFFu, arg, o);
+            if (m2 > mx || (m2 == mx && a2 < arg)) mx = m2, arg = a2;
+        }
+    };
+    warp_best();
     if (threadIdx.x % 32 == 0) {
         fsh[threadIdx.x / 32] = mx;
         ish[threadIdx.x / 32] = arg;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int i = 1; i < kThreads / 32; ++i)
-            if (fsh[i] > fsh[0] || (fsh[i] == fsh[0] && ish[i] < ish[0])) {
-                fsh[0] = fsh[i];
-                ish[0] = ish[i];
-            }
-        best_id = ish[0];
+    if (threadIdx.x < 32) {
+        mx = fsh[threadIdx.x];
+        arg = ish[threadIdx.x];
+        warp_best();
+        if (threadIdx.x == 0) fsh[0] = mx, best_id = arg;
     }
     __syncthreads();
     mx = fsh[0];
