@@ -169,6 +169,34 @@ def test_cuda_dispatch_modes_give_identical_logits(tmp_path):
         assert d == drawn[0]
 
 
+# greedy; temperature alone (every token a candidate); top-k (the candidates sorted in shared
+# memory) with top-p and min-p, up to k = 1024; k = 1025 and top-p or min-p alone (the threshold
+# searches over the whole vocabulary)
+SAMPLING = [dict(), dict(temperature=0.8), dict(temperature=0.8, top_k=40), dict(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05),
+            dict(temperature=0.7, top_k=1024), dict(temperature=1.2, top_k=1025), dict(temperature=0.9, top_p=0.8),
+            dict(temperature=1.5, min_p=0.1)]
+
+
+@pytest.mark.parametrize("params", SAMPLING, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "greedy")
+def test_cuda_sampling_matches_the_cpu_sampler(tmp_path, params):
+    """Each token drawn on the device (at the end of a decode step) is the one the CPU sampler
+    draws from that step's logits with the same seed and step: 24 draws over a vocabulary of
+    5003 (float4 loads and a scalar tail)."""
+    from edgerunner.model_builder import write_random_model
+
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=21, vocab_size=5003)
+    model = _core.Model.load(str(path), backend="cuda")
+    sampler = _core.Sampler(5003, seed=17, **params)
+    s = _core.Session(model)
+    s.eval(prompt(np.random.default_rng(4), 6))
+    token = 7
+    for step in range(24):
+        token = s.append_sampled(token, sampler)
+        want = sampler.sample(s.logits(), [], len(s.tokens))
+        assert token == want, f"draw {step}: device {token}, CPU {want}"
+
+
 def test_cuda_chained_generation_equals_step_by_step(tmp_path):
     """generate() with recorded dispatch keeps three decode steps in flight, each fed the previous
     one's draw on the device; eager dispatch draws on the device too but waits for each token.

@@ -10,6 +10,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "async_copy.cuh"
 #include "check.cuh"
@@ -109,17 +110,28 @@ constexpr int kRing = 3;                   // chunk buffers per row
 constexpr int kSlots = 2;                  // rows per warp
 constexpr int kMaxChunkBytes = 1536;       // two units per lane where a chunk stays within this
 
-template <TensorType T, bool kRope>
-struct GemvStaged {
+// Variants: kRope (GemvRope: Q, K and V stored rotated and into the cache), kQuantOut (gate·up
+// also written as int8 for the down projection, GemvArgs::xq_out: a block of 32 warps holds the
+// 32 rows of a block of values and quantizes them, the quantize kernel's arithmetic; rows of one
+// chunk, so each warp's ring is one buffer).
+struct Bounds1024 {
+    static constexpr int kBlockThreads = 1024, kMinBlocks = 1;
+};
+struct NoBounds {};
+
+template <TensorType T, bool kRope, bool kQuantOut = false>
+struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, NoBounds> {
     using Args = GemvArgs;
     using D = QuantDot<T>;
+    static constexpr int kWarps = kQuantOut ? 32 : kStagedWarps;
+    static constexpr int kBuffers = kQuantOut ? 1 : kRing;  // a warp's ring (one chunk per row: one)
     static constexpr int kBlockBytes = sizeof(typename D::Block);
     static constexpr int kPerLane = 64 / D::kUnits * kBlockBytes <= kMaxChunkBytes ? 2 : 1;
     static constexpr int kChunkUnits = 32 * kPerLane;
     static constexpr int kChunkBytes = kChunkUnits / D::kUnits * kBlockBytes;
     static constexpr int kPieces = (kChunkBytes + 15 + 15) / 16;  // 16-byte pieces from the boundary at or below a chunk's start
     static constexpr int kStageBytes = 16 * kPieces;
-    static constexpr size_t kWeightSmem = static_cast<size_t>(kStagedWarps) * kRing * kSlots * kStageBytes;
+    static constexpr size_t kWeightSmem = static_cast<size_t>(kWarps) * kBuffers * kSlots * kStageBytes;
     static_assert(kChunkUnits % D::kUnits == 0, "chunks of whole blocks");
 
     // shared memory after the weights: per unit of activations, its words 0..3, 4..7, and
@@ -133,7 +145,7 @@ struct GemvStaged {
         extern __shared__ uint4 smem[];
         allow_next();
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        const int64_t wg = static_cast<int64_t>(blockIdx.x) * kStagedWarps + warp;
+        const int64_t wg = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
         const bool gated = a.glu != Glu::None;
         // the warp's two rows: gate row wg and up row wg, or rows 2wg and 2wg + 1 of the parts
         const uint8_t* row[kSlots];
@@ -153,7 +165,7 @@ struct GemvStaged {
 
         const int n_units = static_cast<int>(a.cols / 32);
         const int n_chunks = (n_units + kChunkUnits - 1) / kChunkUnits;
-        uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + warp * (kRing * kSlots * kStageBytes);
+        uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + warp * (kBuffers * kSlots * kStageBytes);
         // where the bytes of chunk c of row s start, past the 16-byte boundary they are copied from
         auto skew = [&](int c, int s) { return static_cast<int>((reinterpret_cast<uintptr_t>(row[s]) + c * kChunkBytes) & 15); };
         // chunk c of the warp's rows into ring buffer `slot`: one commit group (empty past the end)
@@ -234,6 +246,13 @@ struct GemvStaged {
                 slot = slot == kRing - 1 ? 0 : slot + 1;
             }
         const float v0 = warp_sum(sum[0]), v1 = warp_sum(sum[1]);
+        if constexpr (kQuantOut) {  // (gated; whole blocks of 32 rows)
+            __shared__ float gated_out[32];
+            if (lane == 0) gated_out[warp] = a.part[0].y[r[0]] = gate_act(a.glu, v0) * v1;
+            __syncthreads();
+            if (warp == 0) quantize_block(gated_out[lane], a.xq_out[blockIdx.x], lane);
+            return;
+        }
         if (lane == 0 && row[0]) {
             if (gated) {
                 a.part[0].y[r[0]] = gate_act(a.glu, v0) * v1;
@@ -270,7 +289,7 @@ Launch staged(const GemvArgs& a, int64_t rows) {
     (void)sized;
     if (a.cols > kMaxStagedCols)
         throw std::invalid_argument("the CUDA GEMV takes rows of up to " + std::to_string(kMaxStagedCols) + " columns");
-    return make_launch<K>(dim3(static_cast<unsigned>((warps + kStagedWarps - 1) / kStagedWarps)), dim3(32 * kStagedWarps), a, smem);
+    return make_launch<K>(dim3(static_cast<unsigned>((warps + K::kWarps - 1) / K::kWarps)), dim3(32 * K::kWarps), a, smem);
 }
 
 // A step of one token (decode) takes the one-token kernel; several tokens share weight loads
@@ -281,8 +300,10 @@ Launch launch(const GemvArgs& a) {
     const dim3 block(32 * kWarpsPerBlock);
     const unsigned row_blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
     if (a.n_tokens == 1) {
-        if constexpr (QuantDot<T>::kFast)
+        if constexpr (QuantDot<T>::kFast) {
+            if (a.xq_out) return staged<GemvStaged<T, false, true>>(a, rows);
             return a.rope.pos0 ? staged<GemvStaged<T, true>>(a, rows) : staged<GemvStaged<T, false>>(a, rows);
+        }
         else return make_launch<Gemv<T, 1>>(dim3(row_blocks, 1), block, a);
     }
     return make_launch<Gemv<T, 8>>(dim3(row_blocks, static_cast<unsigned>((a.n_tokens + 7) / 8)), block, a);
@@ -352,6 +373,31 @@ bool gemv_wants_q8(TensorType type) {
     }
 }
 
+// Streaming multiprocessors of the current device.
+int sm_count() {
+    static const int count = [] {
+        int device = 0, n = 0;
+        return cudaGetDevice(&device) == cudaSuccess && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? n : 0;
+    }();
+    return count;
+}
+
+bool gemv_quantizes_out(TensorType type, const GemvArgs& a) {
+    // blocks of 1024 threads take a whole SM each: where they are more than one wave, the
+    // quantize kernel costs less (measured: SmolLM2's 48 blocks +2–4 %, Llama-3.2-1B's 256 −2 %)
+    if (!gemv_wants_q8(type) || a.n_tokens != 1 || a.glu == Glu::None || a.part[0].rows % 32 != 0 || a.part[0].rows / 32 > sm_count())
+        return false;
+    int64_t chunk_units = 0;  // the kernel's: a row must be one chunk
+    switch (type) {
+#define ER_CHUNK(T) \
+    case TensorType::T: chunk_units = GemvStaged<TensorType::T, false, true>::kChunkUnits; break;
+        ER_CHUNK(Q4_0) ER_CHUNK(Q4_1) ER_CHUNK(Q5_0) ER_CHUNK(Q5_1) ER_CHUNK(Q8_0) ER_CHUNK(Q4_K) ER_CHUNK(Q5_K) ER_CHUNK(Q6_K)
+#undef ER_CHUNK
+        default: return false;
+    }
+    return a.cols <= 32 * chunk_units;
+}
+
 bool gemv_ropes(TensorType type, const GemvArgs& a) {
     return gemv_wants_q8(type) && a.n_tokens == 1 && a.glu == Glu::None && !gemm_supports(type, a);
 }
@@ -368,6 +414,7 @@ Launch gemv(TensorType type, const GemvArgs& args) {
     if (!fn) throw std::invalid_argument("the CUDA backend has no GEMV kernel for " + std::string(tensor_type_name(type)));
     if (args.cols % 32 != 0) throw std::invalid_argument("GEMV columns must be a multiple of 32");
     if (args.rope.pos0 && !gemv_ropes(type, args)) throw std::logic_error("only the one-token GEMV of an int8 format stores RoPE'd Q, K and V");
+    if (args.xq_out && !gemv_quantizes_out(type, args)) throw std::logic_error("this GEMV cannot write an int8 copy of its output");
     if (gemm_supports(type, args)) return gemm(type, args);
     return fn(args);
 }

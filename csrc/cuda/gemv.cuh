@@ -55,6 +55,7 @@ struct GemvArgs {
     int64_t xq_stride = 0;
     bool accumulate = false;
     GemvRope rope;
+    QBlock* xq_out = nullptr;  // gated: also act(gate)·up as int8 blocks (gemv_quantizes_out)
 };
 
 // Picks the kernel: the tensor-core GEMM (gemm.cu) for chunks of kPrefillKernelTokens or more
@@ -70,6 +71,9 @@ Launch gemm(TensorType type, const GemvArgs& args);
 bool gemv_wants_q8(TensorType type);
 // Whether args.rope can be given: one token of an int8 format (the staged kernel), no gate.
 bool gemv_ropes(TensorType type, const GemvArgs& args);
+// Whether args.xq_out can be given: one token of an int8 format, gated, rows a multiple of 32
+// and of one chunk of the kernel (up to 1024–2048 columns, by format).
+bool gemv_quantizes_out(TensorType type, const GemvArgs& args);
 size_t qblock_bytes();
 
 struct QuantizeArgs {

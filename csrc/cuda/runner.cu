@@ -327,6 +327,9 @@ private:
     // Whether the RoPE + KV write step k is done by the one-token GEMVs right before it (they
     // compute all of Q, K and V): llama-style adjacent pairs, a cache of f16 or f32.
     bool rope_folds(size_t k) const;
+    // Whether the gated GEMV step k writes the int8 copy of its output that the GEMV after it
+    // reads (one token; gemv_quantizes_out), so no quantize kernel runs between them.
+    bool quantizes_for_next(size_t k, int64_t n_tokens) const;
     // The step's launches against step block `b` (a chained step's draw also goes to `next`'s
     // input token).
     void compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next = nullptr) const;
@@ -510,6 +513,20 @@ bool Runner::rope_folds(size_t k) const {
     return q && kk && v;
 }
 
+bool Runner::quantizes_for_next(size_t k, int64_t n) const {
+    if (n != 1 || k + 1 >= steps_.size()) return false;
+    const Step& s = steps_[k];
+    const Step& next = steps_[k + 1];
+    if (s.kind != Step::Gemv || s.glu == cuda::Glu::None || next.kind != Step::Gemv || !next.quantize || next.op.in != s.parts[0]->out ||
+        next.op.tail)
+        return false;
+    GemvArgs a;
+    a.glu = s.glu;
+    a.part[0].rows = s.parts[0]->weight->rows;
+    a.cols = s.op.weight->cols;
+    return width(s.parts[0]->out) == next.op.weight->cols && gemv_quantizes_out(s.op.weight->type, a);
+}
+
 // The step's launches, arguments resolved against this step's size.
 void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next) const {
     out->clear();
@@ -535,7 +552,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 break;
             case Step::Gemv: {
                 const Weight& w = *op.weight;
-                if (s.quantize) out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
+                if (s.quantize && !(k > 0 && quantizes_for_next(k - 1, n))) out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
                 GemvArgs a;
                 for (int i = 0; i < s.n_parts; ++i) {
                     const Op& p = *s.parts[i];
@@ -566,6 +583,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                         a.part[p].cache = o == Buf::K ? kv_->k(l) : o == Buf::V ? kv_->v(l) : nullptr;
                     }
                 }
+                if (quantizes_for_next(k, n)) a.xq_out = qrow(0);
                 out->push_back(gemv(w.type, a));
                 break;
             }

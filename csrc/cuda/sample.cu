@@ -3,7 +3,9 @@
 // descending), so top-k, top-p and the draw each become a search for the θ at which a count or
 // a sum over {l ≥ θ} crosses its target: a bisection over the 2^32 ordered float keys, 32
 // block-wide reductions each. Ties between equal logits resolve to the lowest id (the contract
-// walks them in id order; with continuous logits they do not occur).
+// walks them in id order; with continuous logits they do not occur). With top-k of up to 1024
+// (the common case) the k best are found and sorted instead, and the walk is the CPU's
+// (sample_top_k): a few passes over the logits, not a hundred.
 #include <cfloat>
 
 #include "check.cuh"
@@ -50,10 +52,152 @@ __device__ uint32_t search(F f, double target) {
     return lo;
 }
 
+// f(value, id, valid) over the logits, each thread its ids in rising order, kLoads float4s (or
+// floats) in flight at once; every lane of every warp calls f equally often (valid = false past
+// the end, value -FLT_MAX), so f may use warp collectives.
+template <typename F>
+__device__ __forceinline__ void for_each_logit(const float* __restrict__ l, int n, F f) {
+    constexpr int kLoads = 4;
+    const int t = static_cast<int>(threadIdx.x);
+    int from = 0;
+    if (reinterpret_cast<uintptr_t>(l) % 16 == 0) {
+        const float4* l4 = reinterpret_cast<const float4*>(l);
+        const int n4 = n / 4;
+        for (int base = 0; base < n4; base += kLoads * kThreads) {
+            float4 v[kLoads];
+#pragma unroll
+            for (int k = 0; k < kLoads; ++k) {
+                const int j = base + k * kThreads + t;
+                v[k] = j < n4 ? l4[j] : make_float4(-FLT_MAX, -FLT_MAX, -FLT_MAX, -FLT_MAX);
+            }
+#pragma unroll
+            for (int k = 0; k < kLoads; ++k) {
+                const int j = base + k * kThreads + t;
+                const bool in = j < n4;
+                f(v[k].x, 4 * j, in), f(v[k].y, 4 * j + 1, in), f(v[k].z, 4 * j + 2, in), f(v[k].w, 4 * j + 3, in);
+            }
+        }
+        from = 4 * n4;
+    }
+    for (int base = from; base < n; base += kLoads * kThreads) {
+        float v[kLoads];
+#pragma unroll
+        for (int k = 0; k < kLoads; ++k) {
+            const int i = base + k * kThreads + t;
+            v[k] = i < n ? l[i] : -FLT_MAX;
+        }
+#pragma unroll
+        for (int k = 0; k < kLoads; ++k) f(v[k], base + k * kThreads + t, base + k * kThreads + t < n);
+    }
+}
+
 struct Sample {
     using Args = SampleArgs;
     static __device__ void run(const Args& a);
 };
+
+// top-k with k <= kMaxCandidates: the CPU sampler's walk over its k best tokens, in its order.
+// The k-th largest key θ comes from a radix search (four passes of 8 bits, integer histograms:
+// exact), the tokens at or above θ are sorted in shared memory (logit descending, id ascending:
+// a bitonic sort of key << 32 | ~id), and one thread walks the first k as the CPU does (softmax
+// weights, top-p prefix, min-p suffix, the draw), summing in that order. Returns the token, or -1
+// when ties at θ make more candidates than fit (the caller then takes the general path).
+constexpr int kMaxCandidates = 1024;
+
+__device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const DeviceSampling& p, double u, float mx) {
+    __shared__ int hist[256];
+    __shared__ uint32_t s_prefix;
+    __shared__ int s_above, n_cand;
+    __shared__ unsigned long long cand[kMaxCandidates];
+    __shared__ double wk[kMaxCandidates];
+    const int k = p.top_k, lane = threadIdx.x % 32;
+    uint32_t prefix = 0;
+    int above = 0;  // tokens whose key is above the range the prefix leaves
+    for (int level = 0; level < 4; ++level) {
+        const int shift = 24 - 8 * level;
+        const uint32_t mask = level == 0 ? 0u : ~0u << (shift + 8);
+        if (threadIdx.x < 256) hist[threadIdx.x] = 0;
+        __syncthreads();
+        for_each_logit(l, n, [&](float v, int, bool valid) {  // one atomic per bucket and warp
+            const uint32_t kk = key(v);
+            const bool in = valid && (kk & mask) == (prefix & mask);
+            const unsigned bucket = in ? kk >> shift & 255 : 256, peers = __match_any_sync(0xFFFFFFFFu, bucket);
+            if (in && lane == __ffs(static_cast<int>(peers)) - 1) atomicAdd(&hist[bucket], __popc(peers));
+        });
+        __syncthreads();
+        if (threadIdx.x < 32) {  // the largest bucket b with above + (count in buckets >= b) >= k
+            int h[8], sum = 0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sum += h[j] = hist[8 * lane + j];
+            int suffix = sum;  // over this lane's buckets and every later lane's
+            for (int o = 1; o < 32; o *= 2) {
+                const int v = __shfl_down_sync(0xFFFFFFFFu, suffix, o);
+                if (lane + o < 32) suffix += v;
+            }
+            const unsigned ok = __ballot_sync(0xFFFFFFFFu, above + suffix >= k);  // lanes 0 .. L
+            if (lane == (ok ? 31 - __clz(static_cast<int>(ok)) : 0)) {
+                int c = above + suffix - sum, b = 7;
+                for (; b > 0 && c + h[b] < k; --b) c += h[b];
+                s_prefix = prefix | static_cast<uint32_t>(8 * lane + b) << shift;
+                s_above = c;
+            }
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        above = s_above;
+    }
+    const int count = above + hist[prefix & 255];  // tokens with key >= θ (= prefix)
+    if (count > kMaxCandidates) return -1;
+    if (threadIdx.x == 0) n_cand = 0;
+    __syncthreads();
+    for_each_logit(l, n, [&](float v, int i, bool valid) {
+        if (valid && key(v) >= prefix) cand[atomicAdd(&n_cand, 1)] = static_cast<unsigned long long>(key(v)) << 32 | ~static_cast<uint32_t>(i);
+    });
+    int size = 1;
+    while (size < count) size *= 2;
+    for (int i = count + threadIdx.x; i < size; i += kThreads) cand[i] = 0;
+    for (int width = 2; width <= size; width *= 2)  // bitonic sort, descending
+        for (int stride = width / 2; stride > 0; stride /= 2) {
+            __syncthreads();
+            const int i = threadIdx.x, j = i ^ stride;
+            if (i < size && j > i) {
+                const unsigned long long x = cand[i], y = cand[j];
+                if (((i & width) == 0) == (x < y)) cand[i] = y, cand[j] = x;
+            }
+        }
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < k) {
+        const float li = l[~static_cast<uint32_t>(cand[threadIdx.x])];
+        wk[threadIdx.x] = li == mx ? 1.0 : exp((static_cast<double>(li) - mx) / p.temperature);
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return 0;
+    double z = 0.0;
+    for (int i = 0; i < k; ++i) z += wk[i];
+    int kept = k;
+    if (p.top_p < 1.0f) {
+        const double target = p.top_p * z;
+        double cum = 0.0;
+        for (int i = 0; i < k; ++i)
+            if ((cum += wk[i]) >= target) {
+                kept = i + 1;
+                break;
+            }
+    }
+    const double min_w = p.min_p;
+    int m = 0;  // w is non-increasing: min-p and w == 0 cut a suffix
+    double s = 0.0;
+    while (m < kept && wk[m] >= min_w && wk[m] > 0.0) s += wk[m++];
+    const double target = u * s;
+    double cum = 0.0;
+    int pick = m - 1;
+    for (int i = 0; i < m; ++i)
+        if ((cum += wk[i]) > target) {
+            pick = i;
+            break;
+        }
+    return static_cast<int32_t>(~static_cast<uint32_t>(cand[pick]));
+}
 
 __device__ void Sample::run(const SampleArgs& a) {
     allow_next();
@@ -68,43 +212,12 @@ __device__ void Sample::run(const SampleArgs& a) {
     __shared__ float fsh[kThreads / 32];
     __shared__ int ish[kThreads / 32];
     __shared__ int best_id;
-    // max logit, lowest id on ties: each thread takes its logits in rising id order, kLoads
-    // float4s (or floats) in flight at once, then warps and the block reduce
+    // max logit, lowest id on ties: each thread its ids in rising order, then warps and the block
     float mx = -FLT_MAX;
     int arg = n;
-    auto take = [&](float v, int i) {
+    for_each_logit(l, n, [&](float v, int i, bool) {
         if (v > mx) mx = v, arg = i;
-    };
-    constexpr int kLoads = 4;
-    int scalar_from = 0;
-    if (reinterpret_cast<uintptr_t>(l) % 16 == 0) {
-        const float4* l4 = reinterpret_cast<const float4*>(l);
-        const int n4 = n / 4;
-        for (int base = 0; base < n4; base += kLoads * kThreads) {
-            float4 v[kLoads];
-#pragma unroll
-            for (int k = 0; k < kLoads; ++k) {
-                const int j = base + k * kThreads + static_cast<int>(threadIdx.x);
-                v[k] = j < n4 ? l4[j] : make_float4(-FLT_MAX, -FLT_MAX, -FLT_MAX, -FLT_MAX);
-            }
-#pragma unroll
-            for (int k = 0; k < kLoads; ++k) {
-                const int i = 4 * (base + k * kThreads + static_cast<int>(threadIdx.x));
-                take(v[k].x, i), take(v[k].y, i + 1), take(v[k].z, i + 2), take(v[k].w, i + 3);
-            }
-        }
-        scalar_from = 4 * n4;
-    }
-    for (int base = scalar_from; base < n; base += kLoads * kThreads) {
-        float v[kLoads];
-#pragma unroll
-        for (int k = 0; k < kLoads; ++k) {
-            const int i = base + k * kThreads + static_cast<int>(threadIdx.x);
-            v[k] = i < n ? l[i] : -FLT_MAX;
-        }
-#pragma unroll
-        for (int k = 0; k < kLoads; ++k) take(v[k], base + k * kThreads + static_cast<int>(threadIdx.x));
-    }
+    });
     auto warp_best = [&] {
         for (int o = 16; o > 0; o /= 2) {
             const float m2 = __shfl_xor_sync(0xFFFFFFFFu, mx, o);
@@ -134,6 +247,18 @@ __device__ void Sample::run(const SampleArgs& a) {
         }
         return;
     }
+    const uint64_t state = mix(p.seed) + (step + 1) * 0x9E3779B97F4A7C15ull;
+    const double u = static_cast<double>(static_cast<float>(mix(state) >> 40) * 0x1.0p-24f);
+    if (p.top_k > 0 && p.top_k < n && p.top_k <= kMaxCandidates) {
+        const int32_t token = sample_top_k(l, n, p, u, mx);  // (thread 0's answer)
+        if (token >= 0) {  // (uniform: every thread returns -1 or none does)
+            if (threadIdx.x == 0) {
+                *out = token;
+                if (a.next) *a.next = token;
+            }
+            return;
+        }
+    }
     // w = exp((l - l_max) / T) in float64: the top token weighs 1 exactly
     for (int i = threadIdx.x; i < n; i += kThreads) w[i] = exp((static_cast<double>(l[i]) - mx) / p.temperature);
     __syncthreads();
@@ -162,8 +287,6 @@ __device__ void Sample::run(const SampleArgs& a) {
     // exceeds u · S
     const bool min_p = p.min_p > 0.0f;
     const double s_total = mass_at(0, floor_key, min_p);
-    const uint64_t state = mix(p.seed) + (step + 1) * 0x9E3779B97F4A7C15ull;
-    const double u = static_cast<double>(static_cast<float>(mix(state) >> 40) * 0x1.0p-24f);
     // largest θ whose mass over {l ≥ θ} exceeds u·S: the drawn token has logit θ
     const uint32_t th = search([&](uint32_t t) { return mass_at(t, floor_key, min_p) > u * s_total ? 1.0 : 0.0; }, 1.0);
     __syncthreads();
