@@ -253,10 +253,11 @@ Launch launch(const GemvArgs& a) {
 bool gemm_supports(TensorType type, const GemvArgs& a) {
     // the activations' rows must start on 16-byte boundaries (the copies take whole lines)
     const bool aligned = reinterpret_cast<uintptr_t>(a.xq) % 16 == 0 && (a.xq_stride * kQBytes) % 16 == 0;
-    if (!aligned || a.n_tokens < kPrefillKernelTokens) return false;
+    if (!aligned || a.n_tokens < kPrefillKernelTokens || !gemv_wants_q8(type)) return false;
     switch (type) {
         case TensorType::Q4_0: case TensorType::Q4_1: case TensorType::Q5_0: case TensorType::Q5_1: case TensorType::Q8_0:
-        case TensorType::Q4_K: case TensorType::Q5_K: case TensorType::Q6_K: return true;
+        case TensorType::IQ4_NL: case TensorType::Q3_K: case TensorType::Q4_K: case TensorType::Q5_K: case TensorType::Q6_K:
+        case TensorType::IQ4_XS: return true;
         default: return false;
     }
 }
@@ -271,6 +272,9 @@ Launch gemm(TensorType type, const GemvArgs& a) {
         case TensorType::Q4_K: return launch<TensorType::Q4_K>(a);
         case TensorType::Q5_K: return launch<TensorType::Q5_K>(a);
         case TensorType::Q6_K: return launch<TensorType::Q6_K>(a);
+        case TensorType::IQ4_NL: return launch<TensorType::IQ4_NL>(a);
+        case TensorType::Q3_K: return launch<TensorType::Q3_K>(a);
+        case TensorType::IQ4_XS: return launch<TensorType::IQ4_XS>(a);
         default: throw std::invalid_argument("the CUDA tensor-core GEMM has no kernel for " + std::string(tensor_type_name(type)));
     }
 }

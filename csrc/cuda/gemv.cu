@@ -364,10 +364,14 @@ struct Quantize {
 bool gemv_supports(TensorType type) { return launcher(type) != nullptr; }
 
 bool gemv_wants_q8(TensorType type) {
+    if (const char* e = std::getenv("ER_AB_NEWQ8"); e && *e == '0' &&
+        (type == TensorType::IQ4_NL || type == TensorType::Q2_K || type == TensorType::Q3_K || type == TensorType::IQ4_XS))
+        return false;  // TEMPORARY A/B knob
     switch (type) {
 #define ER_Q8(T) \
     case TensorType::T: return QuantDot<TensorType::T>::kFast;
-        ER_Q8(Q4_0) ER_Q8(Q4_1) ER_Q8(Q5_0) ER_Q8(Q5_1) ER_Q8(Q8_0) ER_Q8(Q4_K) ER_Q8(Q5_K) ER_Q8(Q6_K)
+        ER_Q8(Q4_0) ER_Q8(Q4_1) ER_Q8(Q5_0) ER_Q8(Q5_1) ER_Q8(Q8_0) ER_Q8(IQ4_NL) ER_Q8(Q2_K) ER_Q8(Q3_K) ER_Q8(Q4_K) ER_Q8(Q5_K)
+        ER_Q8(Q6_K) ER_Q8(IQ4_XS)
 #undef ER_Q8
         default: return false;
     }
@@ -391,7 +395,8 @@ bool gemv_quantizes_out(TensorType type, const GemvArgs& a) {
     switch (type) {
 #define ER_CHUNK(T) \
     case TensorType::T: chunk_units = GemvStaged<TensorType::T, false, true>::kChunkUnits; break;
-        ER_CHUNK(Q4_0) ER_CHUNK(Q4_1) ER_CHUNK(Q5_0) ER_CHUNK(Q5_1) ER_CHUNK(Q8_0) ER_CHUNK(Q4_K) ER_CHUNK(Q5_K) ER_CHUNK(Q6_K)
+        ER_CHUNK(Q4_0) ER_CHUNK(Q4_1) ER_CHUNK(Q5_0) ER_CHUNK(Q5_1) ER_CHUNK(Q8_0) ER_CHUNK(IQ4_NL) ER_CHUNK(Q2_K) ER_CHUNK(Q3_K)
+        ER_CHUNK(Q4_K) ER_CHUNK(Q5_K) ER_CHUNK(Q6_K) ER_CHUNK(IQ4_XS)
 #undef ER_CHUNK
         default: return false;
     }

@@ -97,6 +97,51 @@ struct MmaUnit<TensorType::Q8_0> {
     }
 };
 
+// IQ4_NL / IQ4_XS: the code book's values of the indices (iq4_values); IQ4_XS's unit u is
+// sub-block u of the tile's super-block, with its scale.
+template <>
+struct MmaUnit<TensorType::IQ4_NL> {
+    static constexpr bool kFast = true, kMin = false, kTwoScales = false;
+    using Block = block_iq4_nl;
+    static constexpr int kUnits = 1;
+    static __device__ MmaFrag load(const uint8_t* tile, int u, int t) {
+        const Block& b = reinterpret_cast<const Block*>(tile)[u];
+        const int2 v = iq4_values(ld32(b.qs + 4 * t));
+        return {v.x, v.y, h2f(b.d), 0.0f, 0, 0};
+    }
+};
+
+template <>
+struct MmaUnit<TensorType::IQ4_XS> {
+    static constexpr bool kFast = true, kMin = false, kTwoScales = false;
+    using Block = block_iq4_xs;
+    static constexpr int kUnits = 8;
+    static __device__ MmaFrag load(const uint8_t* tile, int u, int t) {
+        const Block& b = *reinterpret_cast<const Block*>(tile);
+        const int2 v = iq4_values(ld32(b.qs + 16 * u + 4 * t));
+        return {v.x, v.y, h2f(b.d) * static_cast<float>(iq4_xs_scale(b, u)), 0.0f, 0, 0};
+    }
+};
+
+// Q3_K: unit u = g·4 + s, elements l: bits 2s, 2s+1 of qs[g·32 + l], − 4 unless bit u of
+// hmask[l] is set; the two sub-blocks' 6-bit scales − 32. (Q2_K, whose sub-blocks each have a
+// minimum, would need the activations' sums per 16: it takes the eight-token GEMV.)
+template <>
+struct MmaUnit<TensorType::Q3_K> {
+    static constexpr bool kFast = true, kMin = false, kTwoScales = true;
+    using Block = block_q3_K;
+    static constexpr int kUnits = 8;
+    static __device__ MmaFrag load(const uint8_t* tile, int u, int t) {
+        const Block& b = *reinterpret_cast<const Block*>(tile);
+        const uint8_t* q = b.qs + (u / 4) * 32;
+        const int shift = 2 * (u % 4);
+        auto word = [&](int l) {
+            return static_cast<int>(__vsub4((ld32(q + l) >> shift & 0x03030303u) | (ld32(b.hmask + l) >> u & 0x01010101u) << 2, 0x04040404u));
+        };
+        return {word(4 * t), word(16 + 4 * t), h2f(b.d), 0.0f, q3_k_scale(b, 2 * u), q3_k_scale(b, 2 * u + 1)};
+    }
+};
+
 // Q4_K / Q5_K: unit u = sub-block u of the tile's super-block, elements l = nibble u % 2 of
 // qs[(u / 2)·32 + l] (+ bit u of qh[l] for Q5_K); weight = d·sc·q − dmin·m.
 template <typename Block, bool kFiveBit>
