@@ -53,9 +53,6 @@ double copy_bandwidth(size_t n_bytes, int reps);
 // activations (quantized once per step, 32 per scale) rather than floats.
 bool gemv_supports(TensorType type);
 bool gemv_wants_q8(TensorType type);
-// Whether the matmul the runner picks for n_tokens of this type takes int8 activations: the
-// GEMV's int8 formats, and from kPrefillKernelTokens on every format of the tensor-core GEMM.
-bool matmul_int8(TensorType type, int64_t n_tokens);
 
 // Y = W · X on the device, for the backend-ops tests and the kernel benchmarks: W is n_rows
 // rows of row_bytes raw blocks (n columns), X is n_tokens rows of n floats, Y n_tokens rows of

@@ -364,26 +364,26 @@ struct Quantize {
 bool gemv_supports(TensorType type) { return launcher(type) != nullptr; }
 
 bool gemv_wants_q8(TensorType type) {
+    if (const char* e = std::getenv("ER_AB_NEWQ8"); e && *e == '0' &&
+        (type == TensorType::IQ4_NL || type == TensorType::Q2_K || type == TensorType::Q3_K || type == TensorType::IQ4_XS))
+        return false;  // TEMPORARY A/B knob
     switch (type) {
 #define ER_Q8(T) \
     case TensorType::T: return QuantDot<TensorType::T>::kFast;
-        ER_Q8(Q4_0) ER_Q8(Q4_1) ER_Q8(Q5_0) ER_Q8(Q5_1) ER_Q8(Q8_0) ER_Q8(Q4_K) ER_Q8(Q5_K) ER_Q8(Q6_K)
+        ER_Q8(Q4_0) ER_Q8(Q4_1) ER_Q8(Q5_0) ER_Q8(Q5_1) ER_Q8(Q8_0) ER_Q8(IQ4_NL) ER_Q8(Q2_K) ER_Q8(Q3_K) ER_Q8(Q4_K) ER_Q8(Q5_K)
+        ER_Q8(Q6_K) ER_Q8(IQ4_XS)
 #undef ER_Q8
         default: return false;
     }
 }
 
 // Streaming multiprocessors of the current device.
-static int sm_count() {
+int sm_count() {
     static const int count = [] {
         int device = 0, n = 0;
         return cudaGetDevice(&device) == cudaSuccess && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? n : 0;
     }();
     return count;
-}
-
-bool matmul_int8(TensorType type, int64_t n_tokens) {
-    return gemv_wants_q8(type) || (n_tokens >= kPrefillKernelTokens && gemm_takes(type));
 }
 
 bool gemv_quantizes_out(TensorType type, const GemvArgs& a) {
@@ -395,7 +395,8 @@ bool gemv_quantizes_out(TensorType type, const GemvArgs& a) {
     switch (type) {
 #define ER_CHUNK(T) \
     case TensorType::T: chunk_units = GemvStaged<TensorType::T, false, true>::kChunkUnits; break;
-        ER_CHUNK(Q4_0) ER_CHUNK(Q4_1) ER_CHUNK(Q5_0) ER_CHUNK(Q5_1) ER_CHUNK(Q8_0) ER_CHUNK(Q4_K) ER_CHUNK(Q5_K) ER_CHUNK(Q6_K)
+        ER_CHUNK(Q4_0) ER_CHUNK(Q4_1) ER_CHUNK(Q5_0) ER_CHUNK(Q5_1) ER_CHUNK(Q8_0) ER_CHUNK(IQ4_NL) ER_CHUNK(Q2_K) ER_CHUNK(Q3_K)
+        ER_CHUNK(Q4_K) ER_CHUNK(Q5_K) ER_CHUNK(Q6_K) ER_CHUNK(IQ4_XS)
 #undef ER_CHUNK
         default: return false;
     }
@@ -439,7 +440,7 @@ std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, 
     args.n_tokens = n_tokens;
     args.x = xd.get();
     args.x_stride = n;
-    if (matmul_int8(type, n_tokens)) {
+    if (gemv_wants_q8(type)) {
         enqueue(quantize_activations(QuantizeArgs{xd.get(), xq.get(), n_tokens, n, n, q_stride}), nullptr, nullptr, false);
         args.xq = xq.get();
         args.xq_stride = q_stride;

@@ -62,10 +62,8 @@ struct GemvArgs {
 // where it applies, else a GEMV (one token, or eight tokens per weight load).
 Launch gemv(TensorType type, const GemvArgs& args);
 
-// The tensor-core GEMM: the formats it reads (gemm_takes: the GEMV's int8 formats, and IQ4_NL,
-// IQ4_XS and Q3_K, whose GEMV takes floats), int8 activations whose rows start on 16-byte
-// boundaries (xq and xq_stride · sizeof(QBlock) multiples of 16).
-bool gemm_takes(TensorType type);
+// The tensor-core GEMM: int8 formats, int8 activations whose rows start on 16-byte boundaries
+// (xq and xq_stride · sizeof(QBlock) multiples of 16).
 bool gemm_supports(TensorType type, const GemvArgs& args);
 Launch gemm(TensorType type, const GemvArgs& args);
 

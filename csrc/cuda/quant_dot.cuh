@@ -1,8 +1,8 @@
 // The int8 formats' GEMV arithmetic: a whole 32-element unit of a weight row per lane, against
 // activations quantized to int8 once per step (QBlock). The unit's integer dot product by dp4a
 // (four products per instruction, exact), then one float multiply by both scales. Q4_0, Q4_1,
-// Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K have the form (QuantDot<T>::kFast); the other formats
-// take float activations (quant_unit.cuh).
+// Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS have the form
+// (QuantDot<T>::kFast); the float formats take float activations (quant_unit.cuh).
 #pragma once
 
 #include "quant_unit.cuh"
@@ -82,6 +82,22 @@ __device__ __forceinline__ XUnit load_x(const QBlock& x) {
     for (int j = 4; j < 8; ++j) u.sum = __dp4a(kOnes, u.w[j], u.sum);
     u.d = x.d;
     return u;
+}
+
+// IQ4_NL / IQ4_XS: the code book's values (kvalues_iq4nl) of the eight nibbles of a word of
+// quants (bytes b0..b3): .x those of the low nibbles (elements 4i..4i+3 of a unit), .y those of
+// the high ones (16+4i..), as signed bytes. Byte permutes: a nibble's low three bits pick a
+// byte of one half of the book, its top bit the half.
+__device__ __forceinline__ int2 iq4_values(uint32_t q) {
+    constexpr uint32_t kBook[4] = {0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u};  // -127, -104, ... 113
+    uint32_t v[2];  // (b0 lo, b0 hi, b1 lo, b1 hi), (b2 lo, b2 hi, b3 lo, b3 hi)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const uint32_t sel = q >> (16 * i);  // four nibbles
+        const uint32_t low = __byte_perm(kBook[0], kBook[1], sel & 0x7777u), high = __byte_perm(kBook[2], kBook[3], sel & 0x7777u);
+        v[i] = __byte_perm(low, high, 0x3210u | (sel & 0x8888u) >> 1);
+    }
+    return make_int2(static_cast<int>(__byte_perm(v[0], v[1], 0x6420u)), static_cast<int>(__byte_perm(v[0], v[1], 0x7531u)));
 }
 
 // Nibble words w (bytes 4i..4i+3 of a unit's 16 bytes of quants: elements 4i.. in the low
@@ -207,6 +223,102 @@ struct QuantDot<TensorType::Q5_K> {
     using Block = block_q5_K;
     static constexpr int kUnits = 8;
     static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) { return q45_k_dot<Block, true>(row, u, x); }
+};
+
+// IQ4_NL: 18-byte blocks (2-byte aligned) of 4-bit indices into the code book, nibbles as Q4_0's.
+template <>
+struct QuantDot<TensorType::IQ4_NL> {
+    static constexpr bool kFast = true;
+    using Block = block_iq4_nl;
+    static constexpr int kUnits = 1;
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u];
+        uint32_t w[4];
+        words(b.qs, w);
+        int dot = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int2 v = iq4_values(w[i]);
+            dot = __dp4a(v.x, x.w[i], __dp4a(v.y, x.w[4 + i], dot));
+        }
+        return h2f(b.d) * x.d * static_cast<float>(dot);
+    }
+};
+
+// IQ4_XS: unit j of a super-block (136 bytes: 8-byte aligned) is sub-block j, 16 bytes of
+// indices as IQ4_NL's, with the 6-bit scale (low 4 bits in scales_l, high 2 in scales_h) − 32.
+__device__ __forceinline__ int iq4_xs_scale(const block_iq4_xs& b, int j) {
+    return ((b.scales_l[j / 2] >> (4 * (j % 2)) & 0xF) | (b.scales_h >> (2 * j) & 3) << 4) - 32;
+}
+template <>
+struct QuantDot<TensorType::IQ4_XS> {
+    static constexpr bool kFast = true;
+    using Block = block_iq4_xs;
+    static constexpr int kUnits = 8;
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8);
+        uint32_t w[4];
+        words_aligned(b.qs + 16 * j, w);
+        int dot = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int2 v = iq4_values(w[i]);
+            dot = __dp4a(v.x, x.w[i], __dp4a(v.y, x.w[4 + i], dot));
+        }
+        return h2f(b.d) * x.d * static_cast<float>(iq4_xs_scale(b, j) * dot);
+    }
+};
+
+// Q2_K / Q3_K: unit j = g·4 + s of a super-block is bits 2s, 2s+1 of qs[g·32 + l] (l = 0..31),
+// two sub-blocks of 16 with their own scales (sub-block 2j + l / 16). Q2_K: scale and min in a
+// byte's nibbles, weight = d·sc·q − dmin·m (84-byte blocks: 4-byte aligned); Q3_K: q − 4 unless
+// bit j of hmask[l] is set, 6-bit scales − 32 (110-byte blocks: 2-byte aligned).
+__device__ __forceinline__ int q3_k_scale(const block_q3_K& b, int sb) {
+    return ((b.scales[sb % 8] >> (4 * (sb / 8)) & 0xF) | (b.scales[8 + sb % 4] >> (2 * (sb / 4)) & 3) << 4) - 32;
+}
+template <>
+struct QuantDot<TensorType::Q2_K> {
+    static constexpr bool kFast = true;
+    using Block = block_q2_K;
+    static constexpr int kUnits = 8;
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8), g = j / 4, s = j % 4;
+        uint32_t q[8];
+        words_aligned(b.qs + 32 * g, q);
+        int dot0 = 0, dot1 = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int w = static_cast<int>(q[i] >> (2 * s) & 0x03030303u);
+            if (i < 4) dot0 = __dp4a(w, x.w[i], dot0);
+            else dot1 = __dp4a(w, x.w[i], dot1);
+        }
+        const int s0 = b.scales[2 * j], s1 = b.scales[2 * j + 1];
+        const int scaled = (s0 & 0xF) * dot0 + (s1 & 0xF) * dot1, mins = (s0 >> 4) * x.sum_lo + (s1 >> 4) * (x.sum - x.sum_lo);
+        return x.d * (h2f(b.d) * static_cast<float>(scaled) - h2f(b.dmin) * static_cast<float>(mins));
+    }
+};
+template <>
+struct QuantDot<TensorType::Q3_K> {
+    static constexpr bool kFast = true;
+    using Block = block_q3_K;
+    static constexpr int kUnits = 8;
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8), g = j / 4, s = j % 4;
+        uint32_t q[8], h[8];
+        words(b.qs + 32 * g, q);
+        words(b.hmask, h);
+        int dot0 = 0, dot1 = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int w = static_cast<int>(__vsub4((q[i] >> (2 * s) & 0x03030303u) | (h[i] >> j & 0x01010101u) << 2, 0x04040404u));
+            if (i < 4) dot0 = __dp4a(w, x.w[i], dot0);
+            else dot1 = __dp4a(w, x.w[i], dot1);
+        }
+        return h2f(b.d) * x.d * static_cast<float>(q3_k_scale(b, 2 * j) * dot0 + q3_k_scale(b, 2 * j + 1) * dot1);
+    }
 };
 
 // Q6_K: unit j = h·4 + s of a super-block (210 bytes: 2-byte aligned) has its low four bits in

@@ -1,11 +1,10 @@
-// The tensor-core GEMM's view of a weight block (gemm.cu: the GEMV's int8 formats, and IQ4_NL,
-// IQ4_XS and Q3_K, whose GEMV takes float activations): for unit u (32 elements) of a row and
+// The tensor-core GEMM's view of a weight block (gemm.cu): for unit u (32 elements) of a row and
 // thread t of its quad, the operand words of an int8 mma.m16n8k32 — elements 4t..4t+3 (`lo`)
 // and 16+4t..16+4t+3 (`hi`) as four signed bytes each — and the unit's float scale `d` and
 // offset `m`, so that weight = d · q + m. The activations are the int8 QBlocks of the GEMV
 // (quant_dot.cuh), so Σ w·x over the unit = d_x · (d · Σ q·q_x + m · Σ q_x): integer
-// products exact, as in the one-token GEMV. Q6_K's and Q3_K's two 16-element halves have their
-// own integer scales (s0 for lo, s1 for hi): the kernel multiplies each half separately.
+// products exact, as in the one-token GEMV. Q6_K's two 16-element halves have their own
+// integer scales (s0 for lo, s1 for hi): its kernel multiplies each half separately.
 #pragma once
 
 #include "quant_dot.cuh"
@@ -98,32 +97,6 @@ struct MmaUnit<TensorType::Q8_0> {
     }
 };
 
-// IQ4_NL / IQ4_XS: the code book's values (kvalues_iq4nl) of the eight nibbles of a word of
-// quants (bytes b0..b3): .x those of the low nibbles (elements 4i..4i+3 of a unit), .y those of
-// the high ones (16+4i..), as signed bytes. Byte permutes: a nibble's low three bits pick a
-// byte of one half of the book, its top bit the half.
-__device__ __forceinline__ int2 iq4_values(uint32_t q) {
-    constexpr uint32_t kBook[4] = {0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u};  // -127, -104, ... 113
-    uint32_t v[2];  // (b0 lo, b0 hi, b1 lo, b1 hi), (b2 lo, b2 hi, b3 lo, b3 hi)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const uint32_t sel = q >> (16 * i);  // four nibbles
-        const uint32_t low = __byte_perm(kBook[0], kBook[1], sel & 0x7777u), high = __byte_perm(kBook[2], kBook[3], sel & 0x7777u);
-        v[i] = __byte_perm(low, high, 0x3210u | (sel & 0x8888u) >> 1);
-    }
-    return make_int2(static_cast<int>(__byte_perm(v[0], v[1], 0x6420u)), static_cast<int>(__byte_perm(v[0], v[1], 0x7531u)));
-}
-
-// IQ4_XS: sub-block j's 6-bit scale (low 4 bits in scales_l, high 2 in scales_h) − 32.
-__device__ __forceinline__ int iq4_xs_scale(const block_iq4_xs& b, int j) {
-    return ((b.scales_l[j / 2] >> (4 * (j % 2)) & 0xF) | (b.scales_h >> (2 * j) & 3) << 4) - 32;
-}
-
-// Q3_K: sub-block sb's 6-bit scale (low 4 bits in bytes 0..7, high 2 in bytes 8..11) − 32.
-__device__ __forceinline__ int q3_k_scale(const block_q3_K& b, int sb) {
-    return ((b.scales[sb % 8] >> (4 * (sb / 8)) & 0xF) | (b.scales[8 + sb % 4] >> (2 * (sb / 4)) & 3) << 4) - 32;
-}
-
 // IQ4_NL / IQ4_XS: the code book's values of the indices (iq4_values); IQ4_XS's unit u is
 // sub-block u of the tile's super-block, with its scale.
 template <>
@@ -151,8 +124,8 @@ struct MmaUnit<TensorType::IQ4_XS> {
 };
 
 // Q3_K: unit u = g·4 + s, elements l: bits 2s, 2s+1 of qs[g·32 + l], − 4 unless bit u of
-// hmask[l] is set; the two sub-blocks' scales. (Q2_K, whose sub-blocks each have a minimum,
-// would need the activations' sums per 16: it takes the eight-token GEMV.)
+// hmask[l] is set; the two sub-blocks' 6-bit scales − 32. (Q2_K, whose sub-blocks each have a
+// minimum, would need the activations' sums per 16: it takes the eight-token GEMV.)
 template <>
 struct MmaUnit<TensorType::Q3_K> {
     static constexpr bool kFast = true, kMin = false, kTwoScales = true;

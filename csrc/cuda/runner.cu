@@ -480,14 +480,12 @@ void Runner::fuse() {
                     else s.quantize = true;
                     quantized = op.in;
                 }
-                if (gemv_wants_q8(type) || gemm_takes(type)) widest_ = std::max(widest_, op.weight->cols);
+                if (gemv_wants_q8(type)) widest_ = std::max(widest_, op.weight->cols);
                 break;
             }
         }
-        // A step that writes the quantized buffer makes its int8 copy stale; so does a prefill
-        // GEMM of a float-activation GEMV format, which quantizes its own input into it.
+        // A step that writes the quantized buffer makes its int8 copy stale.
         bool writes = s.kind != Step::HeadNorm && s.kind != Step::Glu && s.kind != Step::RopeKv && s.op.out == quantized;
-        if (s.kind == Step::Gemv && !gemv_wants_q8(op.weight->type) && gemm_takes(op.weight->type)) writes = true;
         for (int k = 0; k < s.n_parts; ++k) writes |= s.parts[k]->out == quantized;
         if (s.kind == Step::HeadNorm || s.kind == Step::Glu) writes = s.op.in == quantized;
         if (s.kind == Step::RopeKv) writes = quantized == Buf::Q || quantized == Buf::K;
@@ -554,9 +552,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 break;
             case Step::Gemv: {
                 const Weight& w = *op.weight;
-                // (a float-activation GEMV format quantizes its input for the tensor-core GEMM)
-                const bool prefill_int8 = !gemv_wants_q8(w.type) && n - first >= kPrefillKernelTokens && gemm_takes(w.type);
-                if ((s.quantize && !(k > 0 && quantizes_for_next(k - 1, n))) || prefill_int8) out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
+                if (s.quantize && !(k > 0 && quantizes_for_next(k - 1, n))) out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
                 GemvArgs a;
                 for (int i = 0; i < s.n_parts; ++i) {
                     const Op& p = *s.parts[i];

@@ -43,12 +43,11 @@ void bind_cuda(nb::module_& m) {
         return nb::ndarray<nb::numpy, float, nb::ndim<2>>(out, 2, shape, owner);
     }, nb::arg("type_id"), nb::arg("rows"), nb::arg("x"),
        "Y = X W^T on the CUDA device (W in its raw blocks, X one row per token): the kernel the engine picks for that many tokens.");
-    m.def("cuda_gemv_int8", [](uint32_t type_id, int64_t n_tokens) {
+    m.def("cuda_gemv_int8", [](uint32_t type_id) {
         auto info = tensor_type_info(type_id);
         if (!info) throw std::invalid_argument("unknown tensor type id " + std::to_string(type_id));
-        return cuda::matmul_int8(info->type, n_tokens);
-    }, nb::arg("type_id"), nb::arg("n_tokens") = 1,
-       "Whether the CUDA matmul of this type for that many tokens multiplies int8-quantized activations.");
+        return cuda::gemv_wants_q8(info->type);
+    }, nb::arg("type_id"), "Whether the CUDA GEMV of this type multiplies int8-quantized activations.");
 #else
     m.attr("cuda_built") = false;
     m.def("cuda_available", [] { return false; }, "Whether this build has the CUDA backend and a CUDA device is present.");
