@@ -253,7 +253,7 @@ Launch launch(const GemvArgs& a) {
 bool gemm_supports(TensorType type, const GemvArgs& a) {
     // the activations' rows must start on 16-byte boundaries (the copies take whole lines)
     const bool aligned = reinterpret_cast<uintptr_t>(a.xq) % 16 == 0 && (a.xq_stride * kQBytes) % 16 == 0;
-    if (!aligned || a.n_tokens < kPrefillKernelTokens || !gemv_wants_q8(type)) return false;
+    if (!aligned || a.n_tokens < kPrefillKernelTokens) return false;
     switch (type) {
         case TensorType::Q4_0: case TensorType::Q4_1: case TensorType::Q5_0: case TensorType::Q5_1: case TensorType::Q8_0:
         case TensorType::IQ4_NL: case TensorType::Q3_K: case TensorType::Q4_K: case TensorType::Q5_K: case TensorType::Q6_K:

@@ -364,9 +364,6 @@ struct Quantize {
 bool gemv_supports(TensorType type) { return launcher(type) != nullptr; }
 
 bool gemv_wants_q8(TensorType type) {
-    if (const char* e = std::getenv("ER_AB_NEWQ8"); e && *e == '0' &&
-        (type == TensorType::IQ4_NL || type == TensorType::Q2_K || type == TensorType::Q3_K || type == TensorType::IQ4_XS))
-        return false;  // TEMPORARY A/B knob
     switch (type) {
 #define ER_Q8(T) \
     case TensorType::T: return QuantDot<TensorType::T>::kFast;
@@ -378,7 +375,7 @@ bool gemv_wants_q8(TensorType type) {
 }
 
 // Streaming multiprocessors of the current device.
-int sm_count() {
+static int sm_count() {
     static const int count = [] {
         int device = 0, n = 0;
         return cudaGetDevice(&device) == cudaSuccess && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? n : 0;
