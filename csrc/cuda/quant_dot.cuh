@@ -100,6 +100,29 @@ __device__ __forceinline__ int2 iq4_values(uint32_t q) {
     return make_int2(static_cast<int>(__byte_perm(v[0], v[1], 0x6420u)), static_cast<int>(__byte_perm(v[0], v[1], 0x7531u)));
 }
 
+// A unit's integer dot with the activations, its weights' word i (elements 4i..4i+3, signed
+// bytes) given by word(i): over the two 16-element halves apart (formats with a scale per 16).
+template <typename Word>
+__device__ __forceinline__ int2 half_dots(Word word, const XUnit& x) {
+    int2 d = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d.x = __dp4a(word(i), x.w[i], d.x);
+#pragma unroll
+    for (int i = 4; i < 8; ++i) d.y = __dp4a(word(i), x.w[i], d.y);
+    return d;
+}
+
+// IQ4_NL / IQ4_XS: the code book's values of a unit's four words of indices dotted with x.
+__device__ __forceinline__ int iq4_dot(const uint32_t (&w)[4], const XUnit& x) {
+    int dot = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int2 v = iq4_values(w[i]);
+        dot = __dp4a(v.x, x.w[i], __dp4a(v.y, x.w[4 + i], dot));
+    }
+    return dot;
+}
+
 // Nibble words w (bytes 4i..4i+3 of a unit's 16 bytes of quants: elements 4i.. in the low
 // nibbles, 16 + 4i.. in the high ones), with the fifth bits from qh where given, dotted with x.
 template <bool kFiveBit>
@@ -235,13 +258,7 @@ struct QuantDot<TensorType::IQ4_NL> {
         const Block& b = reinterpret_cast<const Block*>(row)[u];
         uint32_t w[4];
         words(b.qs, w);
-        int dot = 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int2 v = iq4_values(w[i]);
-            dot = __dp4a(v.x, x.w[i], __dp4a(v.y, x.w[4 + i], dot));
-        }
-        return h2f(b.d) * x.d * static_cast<float>(dot);
+        return h2f(b.d) * x.d * static_cast<float>(iq4_dot(w, x));
     }
 };
 
@@ -260,13 +277,7 @@ struct QuantDot<TensorType::IQ4_XS> {
         const int j = static_cast<int>(u % 8);
         uint32_t w[4];
         words_aligned(b.qs + 16 * j, w);
-        int dot = 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int2 v = iq4_values(w[i]);
-            dot = __dp4a(v.x, x.w[i], __dp4a(v.y, x.w[4 + i], dot));
-        }
-        return h2f(b.d) * x.d * static_cast<float>(iq4_xs_scale(b, j) * dot);
+        return h2f(b.d) * x.d * static_cast<float>(iq4_xs_scale(b, j) * iq4_dot(w, x));
     }
 };
 
@@ -287,15 +298,9 @@ struct QuantDot<TensorType::Q2_K> {
         const int j = static_cast<int>(u % 8), g = j / 4, s = j % 4;
         uint32_t q[8];
         words_aligned(b.qs + 32 * g, q);
-        int dot0 = 0, dot1 = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int w = static_cast<int>(q[i] >> (2 * s) & 0x03030303u);
-            if (i < 4) dot0 = __dp4a(w, x.w[i], dot0);
-            else dot1 = __dp4a(w, x.w[i], dot1);
-        }
+        const int2 dot = half_dots([&](int i) { return static_cast<int>(q[i] >> (2 * s) & 0x03030303u); }, x);
         const int s0 = b.scales[2 * j], s1 = b.scales[2 * j + 1];
-        const int scaled = (s0 & 0xF) * dot0 + (s1 & 0xF) * dot1, mins = (s0 >> 4) * x.sum_lo + (s1 >> 4) * (x.sum - x.sum_lo);
+        const int scaled = (s0 & 0xF) * dot.x + (s1 & 0xF) * dot.y, mins = (s0 >> 4) * x.sum_lo + (s1 >> 4) * (x.sum - x.sum_lo);
         return x.d * (h2f(b.d) * static_cast<float>(scaled) - h2f(b.dmin) * static_cast<float>(mins));
     }
 };
@@ -310,14 +315,9 @@ struct QuantDot<TensorType::Q3_K> {
         uint32_t q[8], h[8];
         words(b.qs + 32 * g, q);
         words(b.hmask, h);
-        int dot0 = 0, dot1 = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int w = static_cast<int>(__vsub4((q[i] >> (2 * s) & 0x03030303u) | (h[i] >> j & 0x01010101u) << 2, 0x04040404u));
-            if (i < 4) dot0 = __dp4a(w, x.w[i], dot0);
-            else dot1 = __dp4a(w, x.w[i], dot1);
-        }
-        return h2f(b.d) * x.d * static_cast<float>(q3_k_scale(b, 2 * j) * dot0 + q3_k_scale(b, 2 * j + 1) * dot1);
+        const int2 dot = half_dots(
+            [&](int i) { return static_cast<int>(__vsub4((q[i] >> (2 * s) & 0x03030303u) | (h[i] >> j & 0x01010101u) << 2, 0x04040404u)); }, x);
+        return h2f(b.d) * x.d * static_cast<float>(q3_k_scale(b, 2 * j) * dot.x + q3_k_scale(b, 2 * j + 1) * dot.y);
     }
 };
 
@@ -336,15 +336,9 @@ struct QuantDot<TensorType::Q6_K> {
         words(b.ql + h * 64 + (s % 2) * 32, ql);
         words(b.qh + h * 32, qh);
         const int shift = 4 * (s / 2);
-        int dot0 = 0, dot1 = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int w = static_cast<int>((ql[i] >> shift & 0x0F0F0F0F) | (qh[i] >> (2 * s) & 0x03030303) << 4);
-            if (i < 4) dot0 = __dp4a(w, x.w[i], dot0);
-            else dot1 = __dp4a(w, x.w[i], dot1);
-        }
+        const int2 d = half_dots([&](int i) { return static_cast<int>((ql[i] >> shift & 0x0F0F0F0F) | (qh[i] >> (2 * s) & 0x03030303) << 4); }, x);
         const int s0 = b.scales[h * 8 + s * 2], s1 = b.scales[h * 8 + s * 2 + 1];
-        const int dot = s0 * (dot0 - 32 * x.sum_lo) + s1 * (dot1 - 32 * (x.sum - x.sum_lo));
+        const int dot = s0 * (d.x - 32 * x.sum_lo) + s1 * (d.y - 32 * (x.sum - x.sum_lo));
         return h2f(b.d) * x.d * static_cast<float>(dot);
     }
 };
