@@ -179,6 +179,7 @@ public:
         arena_ = device_alloc<float>(total);
         sample_scratch_ = device_alloc<double>(static_cast<size_t>(c_.n_vocab));
         qbuf_ = device_alloc<uint8_t>(static_cast<size_t>(plan_.max_tokens * q_stride()) * qblock_bytes() + 256);  // GEMV reads whole 16 bytes
+        qglu_ = device_alloc<uint8_t>(static_cast<size_t>(q_stride()) * qblock_bytes() + 256);
         const AttentionScratch scratch = attention_scratch(plan_.max_tokens, static_cast<int32_t>(c_.n_head),
                                                            static_cast<int32_t>(c_.n_head_kv), static_cast<int32_t>(c_.head_dim));
         attn_partial_ = device_alloc<float>(static_cast<size_t>(scratch.partial));
@@ -406,6 +407,8 @@ private:
     int64_t width_[kBufCount] = {};
     int64_t widest_ = 32;                // widest quantized matmul input (the int8 buffer's row)
     DevicePtr<uint8_t> qbuf_;            // int8 activations of one buffer, max_tokens rows
+    DevicePtr<uint8_t> qglu_;            // one row: gate·up's int8 copy from its GEMV (quantizes_for_next; its
+                                         // blocks finish while others still read their input from qbuf_)
     DevicePtr<float> attn_partial_;      // the decode attention's partial results
     DevicePtr<int32_t> attn_done_;       // and its counters
     DevicePtr<float> arena_, inv_freq_;  // inv_freq_: the global base's, then the local base's
@@ -520,6 +523,8 @@ bool Runner::quantizes_for_next(size_t k, int64_t n) const {
     if (s.kind != Step::Gemv || s.glu == cuda::Glu::None || next.kind != Step::Gemv || !next.quantize || next.op.in != s.parts[0]->out ||
         next.op.tail)
         return false;
+    // (the copy goes to qglu_, not qbuf_: no later step may count on finding it in qbuf_)
+    if (k + 2 < steps_.size() && steps_[k + 2].kind == Step::Gemv && steps_[k + 2].op.in == next.op.in && !steps_[k + 2].quantize) return false;
     GemvArgs a;
     a.glu = s.glu;
     a.part[0].rows = s.parts[0]->weight->rows;
@@ -552,7 +557,9 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 break;
             case Step::Gemv: {
                 const Weight& w = *op.weight;
-                if (s.quantize && !(k > 0 && quantizes_for_next(k - 1, n))) out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
+                const bool from_glu = k > 0 && quantizes_for_next(k - 1, n);  // the int8 input is in qglu_
+                if (s.quantize && !from_glu)
+                    out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
                 GemvArgs a;
                 for (int i = 0; i < s.n_parts; ++i) {
                     const Op& p = *s.parts[i];
@@ -566,7 +573,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 a.n_tokens = n - first;
                 a.x = row(op.in, first);
                 a.x_stride = width(op.in);
-                a.xq = qrow(first);
+                a.xq = from_glu ? reinterpret_cast<QBlock*>(qglu_.get()) : qrow(first);
                 a.xq_stride = q_stride();
                 a.accumulate = op.accumulate;
                 size_t j = k + 1;  // a RoPE + KV write step after this run of GEMVs
@@ -583,7 +590,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                         a.part[p].cache = o == Buf::K ? kv_->k(l) : o == Buf::V ? kv_->v(l) : nullptr;
                     }
                 }
-                if (quantizes_for_next(k, n)) a.xq_out = qrow(0);
+                if (quantizes_for_next(k, n)) a.xq_out = reinterpret_cast<QBlock*>(qglu_.get());
                 out->push_back(gemv(w.type, a));
                 break;
             }
