@@ -36,8 +36,9 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type):
     """reset, extend, decode and rewinds give the logits of one full prefill exactly: in steps
     of up to 15 tokens (chunks of 8 here) each token's kernels do the same arithmetic whatever
     the step size, including how its keys are split over blocks (runs of 32+ keys from position
-    32 on), and whether RoPE and the KV write are a kernel of their own (steps of several tokens)
-    or done by the GEMVs of Q, K and V as they store them (one token, llama's adjacent pairs).
+    32 on), whether RoPE and the KV write are a kernel of their own (steps of several tokens) or
+    done by the GEMVs of Q, K and V as they store them (one token, llama's adjacent pairs), and
+    whether gate·up's int8 copy comes from the quantize kernel or from its own GEMV (one token).
     (From 16 tokens on, prefill takes the tensor-core GEMM and the tiled attention: the same
     int8 products, summed in another order.)"""
     from edgerunner.model_builder import write_random_model
