@@ -5,9 +5,9 @@
 
 #include "check.cuh"
 #include "kv_slot.cuh"
-#include "rope.cuh"
 #include "ops.cuh"
 #include "quant_dot.cuh"
+#include "rope.cuh"
 #include "warp.cuh"
 
 namespace edgerunner::cuda {
