@@ -1,8 +1,10 @@
 // The CUDA backend's step runner. At prepare time the plan's ops are fused into steps (RMSNorm
 // that also quantizes its row for the next matmuls; Q, K and V as one GEMV; RoPE + KV write
 // (in a one-token step of llama-style RoPE, done by the Q, K and V GEMVs as they store their
-// rows: rope_folds); attention that quantizes its output; gate + up + activation as one GEMV; the residual added
-// by the GEMV that produces it), and each step becomes one or two kernel launches (launch.cuh).
+// rows: rope_folds); attention that quantizes its output; gate + up + activation as one GEMV
+// (in a small one-token step also writing the down projection's int8 input:
+// quantizes_for_next); the residual added by the GEMV that produces it), and each step becomes
+// one or two kernel launches (launch.cuh).
 // Per-step values (first position, tokens, sampling parameters) live in a device step block
 // that one copy from pinned memory fills, so the one-token step can be replayed unchanged:
 //   eager             the launches' arguments encoded and launched every step;
@@ -160,6 +162,10 @@ struct Step {
     bool q_out = false;        // Norm, Attention: also write the quantized copy of the output
     bool local_rope = false;   // RopeKv
     int32_t layer = -1;        // RopeKv
+    // decided once (fuse), for one-token steps:
+    bool rope_by_gemv = false;  // RopeKv: done by the Q/K/V GEMVs before it (rope_folds)
+    int32_t rope_step = -1;     // Gemv: the index of that RopeKv step, whose work it does
+    bool q8_for_next = false;   // gated Gemv: writes the int8 copy the next GEMV reads (quantizes_for_next)
 };
 
 class Runner final : public StepRunner {
@@ -325,12 +331,12 @@ private:
     };
 
     void fuse();
-    // Whether the RoPE + KV write step k is done by the one-token GEMVs right before it (they
+    // Whether the RoPE + KV write step k can be done by the one-token GEMVs right before it (they
     // compute all of Q, K and V): llama-style adjacent pairs, a cache of f16 or f32.
     bool rope_folds(size_t k) const;
-    // Whether the gated GEMV step k writes the int8 copy of its output that the GEMV after it
+    // Whether the gated GEMV step k can write the int8 copy of its output that the GEMV after it
     // reads (one token; gemv_quantizes_out), so no quantize kernel runs between them.
-    bool quantizes_for_next(size_t k, int64_t n_tokens) const;
+    bool quantizes_for_next(size_t k) const;
     // The step's launches against step block `b` (a chained step's draw also goes to `next`'s
     // input token).
     void compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next = nullptr) const;
@@ -495,6 +501,14 @@ void Runner::fuse() {
         if (writes) quantized = Buf::Count;
         steps_.push_back(s);
     }
+    // what one-token steps do differently, decided here rather than per step
+    for (size_t k = 0; k < steps_.size(); ++k) {
+        if (rope_folds(k)) {
+            steps_[k].rope_by_gemv = true;
+            for (size_t j = k; j-- > 0 && steps_[j].kind == Step::Gemv;) steps_[j].rope_step = static_cast<int32_t>(k);
+        }
+        steps_[k].q8_for_next = quantizes_for_next(k);
+    }
 }
 
 bool Runner::rope_folds(size_t k) const {
@@ -504,10 +518,8 @@ bool Runner::rope_folds(size_t k) const {
         return false;
     bool q = false, kk = false, v = false;
     for (size_t j = k; j-- > 0 && steps_[j].kind == Step::Gemv;) {
-        const Step& g = steps_[j];
-        GemvArgs one;
-        one.n_tokens = 1;
-        if (g.glu != cuda::Glu::None || g.op.accumulate || !gemv_ropes(g.op.weight->type, one)) return false;
+        const Step& g = steps_[j];  // (one token: the staged GEMV of an int8 format, gemv_ropes)
+        if (g.glu != cuda::Glu::None || g.op.accumulate || !gemv_wants_q8(g.op.weight->type)) return false;
         for (int p = 0; p < g.n_parts; ++p) {
             q |= g.parts[p]->out == Buf::Q, kk |= g.parts[p]->out == Buf::K, v |= g.parts[p]->out == Buf::V;
             if (g.parts[p]->weight->rows % 2 != 0) return false;
@@ -516,8 +528,8 @@ bool Runner::rope_folds(size_t k) const {
     return q && kk && v;
 }
 
-bool Runner::quantizes_for_next(size_t k, int64_t n) const {
-    if (n != 1 || k + 1 >= steps_.size()) return false;
+bool Runner::quantizes_for_next(size_t k) const {
+    if (k + 1 >= steps_.size()) return false;
     const Step& s = steps_[k];
     const Step& next = steps_[k + 1];
     if (s.kind != Step::Gemv || s.glu == cuda::Glu::None || next.kind != Step::Gemv || !next.quantize || next.op.in != s.parts[0]->out ||
@@ -529,7 +541,7 @@ bool Runner::quantizes_for_next(size_t k, int64_t n) const {
     a.glu = s.glu;
     a.part[0].rows = s.parts[0]->weight->rows;
     a.cols = s.op.weight->cols;
-    return width(s.parts[0]->out) == next.op.weight->cols && gemv_quantizes_out(s.op.weight->type, a);
+    return a.part[0].rows == next.op.weight->cols && gemv_quantizes_out(s.op.weight->type, a);
 }
 
 // The step's launches, arguments resolved against this step's size.
@@ -557,7 +569,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 break;
             case Step::Gemv: {
                 const Weight& w = *op.weight;
-                const bool from_glu = k > 0 && quantizes_for_next(k - 1, n);  // the int8 input is in qglu_
+                const bool from_glu = n == 1 && k > 0 && steps_[k - 1].q8_for_next;  // the int8 input is in qglu_
                 if (s.quantize && !from_glu)
                     out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
                 GemvArgs a;
@@ -576,10 +588,8 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 a.xq = from_glu ? reinterpret_cast<QBlock*>(qglu_.get()) : qrow(first);
                 a.xq_stride = q_stride();
                 a.accumulate = op.accumulate;
-                size_t j = k + 1;  // a RoPE + KV write step after this run of GEMVs
-                while (j < steps_.size() && steps_[j].kind == Step::Gemv) ++j;
-                if (n == 1 && j < steps_.size() && steps_[j].kind == Step::RopeKv && rope_folds(j)) {
-                    const Step& r = steps_[j];
+                if (n == 1 && s.rope_step >= 0) {
+                    const Step& r = steps_[static_cast<size_t>(s.rope_step)];
                     const int64_t l = r.layer;
                     a.rope = GemvRope{&b->pos0, inv_freq_.get() + (r.local_rope ? c_.rope_dim / 2 : 0), c_.rope_linear_scale,
                                       c_.rope_attn_factor, static_cast<int32_t>(c_.head_dim), static_cast<int32_t>(c_.rope_dim),
@@ -590,12 +600,12 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                         a.part[p].cache = o == Buf::K ? kv_->k(l) : o == Buf::V ? kv_->v(l) : nullptr;
                     }
                 }
-                if (quantizes_for_next(k, n)) a.xq_out = reinterpret_cast<QBlock*>(qglu_.get());
+                if (n == 1 && s.q8_for_next) a.xq_out = reinterpret_cast<QBlock*>(qglu_.get());
                 out->push_back(gemv(w.type, a));
                 break;
             }
             case Step::RopeKv: {
-                if (n == 1 && rope_folds(k)) break;  // the GEMVs before it did it
+                if (n == 1 && s.rope_by_gemv) break;  // the GEMVs before it did it
                 const int64_t l = s.layer;
                 out->push_back(rope_kv(kv_->type, RopeKvArgs{row(Buf::Q, 0), row(Buf::K, 0), row(Buf::V, 0), kv_->k(l), kv_->v(l),
                                                   inv_freq_.get() + (s.local_rope ? c_.rope_dim / 2 : 0), n, &b->pos0,
