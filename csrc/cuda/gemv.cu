@@ -7,12 +7,9 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 #include <type_traits>
 
 #include "async_copy.cuh"
@@ -99,17 +96,14 @@ struct Gemv {
 
 // The one-token GEMV of the int8 formats, staged through shared memory. A block of eight warps
 // loads the int8 activations into shared memory once (laid out for 16-byte loads, with each
-// unit's sums); each warp takes pairs of rows (or a gate row and its up row) and streams them
-// through a ring of three chunk buffers: every lane copies 16-byte pieces of the raw bytes
-// (cp.async), so three chunks are in flight while one is computed, and a lane takes a whole unit
-// of the chunk (kPerLane of them) out of shared memory. Global loads are thus full-width and
-// coalesced whatever the block size (18 to 210 bytes), and the first chunks are requested before
-// the kernel waits for its input. The grid is at most what the SMs hold at once: warp w of W
-// takes pairs w, w + W, w + 2W, ... and its ring runs on from one pair's last chunk into the
-// next pair's first, so a large matrix streams without a gap at every wave of blocks (and the
-// activations are staged once per block, not per pair). Instruction issue was this kernel's
-// limit (bench/NOTES.md): chunks of one or two units per lane keep the ring's bookkeeping small
-// beside the dot products, and the weights are read by shared (not generic) loads.
+// unit's sums); each warp takes two rows (or a gate row and its up row) and streams them through
+// a ring of three chunk buffers: every lane copies 16-byte pieces of the raw bytes (cp.async), so
+// three chunks per row are in flight while one is computed, and a lane takes a whole unit of the
+// chunk (kPerLane of them) out of shared memory. Global loads are thus full-width and coalesced
+// whatever the block size (18 to 210 bytes), and the first chunks are requested before the
+// kernel waits for its input. Instruction issue was this kernel's limit (bench/NOTES.md): chunks
+// of one or two units per lane keep the ring's bookkeeping small beside the dot products, and
+// the weights are read by shared (not generic) loads.
 constexpr int kStagedWarps = 8;
 constexpr int64_t kMaxStagedCols = 65536;  // activations of up to this many columns in shared memory (96 KiB)
 constexpr int kRing = 3;                   // chunk buffers per row
@@ -119,18 +113,14 @@ constexpr int kMaxChunkBytes = 1536;       // two units per lane where a chunk s
 // Variants: kRope (GemvRope: Q, K and V stored rotated and into the cache), kQuantOut (gate·up
 // also written as int8 for the down projection, GemvArgs::xq_out: a block of 32 warps holds the
 // 32 rows of a block of values and quantizes them, the quantize kernel's arithmetic; rows of one
-// chunk, so each warp's ring is one buffer, and one pair per warp: the grid is exact).
-// Launch bounds: three blocks of eight warps per SM (what their shared memory allows for most
-// formats; registers capped at 80), or one of 32 warps.
-struct Bounds8Warps {
-    static constexpr int kBlockThreads = 32 * kStagedWarps, kMinBlocks = 3;
-};
-struct Bounds32Warps {
+// chunk, so each warp's ring is one buffer).
+struct Bounds1024 {
     static constexpr int kBlockThreads = 1024, kMinBlocks = 1;
 };
+struct NoBounds {};
 
 template <TensorType T, bool kRope, bool kQuantOut = false>
-struct GemvStaged : std::conditional_t<kQuantOut, Bounds32Warps, Bounds8Warps> {
+struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, NoBounds> {
     using Args = GemvArgs;
     using D = QuantDot<T>;
     static constexpr int kWarps = kQuantOut ? 32 : kStagedWarps;
@@ -151,130 +141,81 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds32Warps, Bounds8Warps> {
         return XUnit{{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}, m.y, m.z, __int_as_float(m.x)};
     }
 
-    static __device__ int64_t n_pairs(const Args& a) {
-        if (a.glu != Glu::None) return a.part[0].rows;
-        return (a.part[0].rows + (a.n_parts > 1 ? a.part[1].rows : 0) + (a.n_parts > 2 ? a.part[2].rows : 0) + 1) / 2;
-    }
-
-    // Pair p's two rows: gate row p and up row p, or rows 2p and 2p + 1 numbered across the parts
-    // (null past the end).
-    struct Pair {
-        const uint8_t* row[kSlots];
-        int64_t r[kSlots];
-        int part[kSlots];
-    };
-    static __device__ Pair pair_at(const Args& a, int64_t p) {
-        const bool gated = a.glu != Glu::None;
-        Pair q;
-#pragma unroll
-        for (int s = 0; s < kSlots; ++s) {
-            int64_t r = gated ? p : 2 * p + s;
-            int part = gated ? s : 0;
-            if (!gated) {
-                if (a.n_parts > 1 && r >= a.part[0].rows) r -= a.part[0].rows, part = 1;
-                if (part == 1 && a.n_parts > 2 && r >= a.part[1].rows) r -= a.part[1].rows, part = 2;
-            }
-            q.r[s] = r;
-            q.part[s] = part;
-            q.row[s] = r < field(a, part, &GemvPart::rows) ? field(a, part, &GemvPart::w) + static_cast<size_t>(r) * a.row_bytes : nullptr;
-        }
-        return q;
-    }
-
-    // What lane 0 joins to a pair's sums, none of it written by the previous kernel (so found
-    // before the wait for the first pair): the bias, where the outputs go, and with RoPE the
-    // pair's angle and the cache slots of the step's position.
-    struct Tail {
-        float bias[kSlots] = {-0.0f, -0.0f};  // (−0 + v is v for every v, −0 too: no bias leaves the sum's bits)
-        float* out[kSlots] = {};
-        float cs = 1.0f, sn = 0.0f;
-        bool rotate = false;
-        uint8_t* slot[kSlots] = {};
-    };
-    static __device__ Tail tail_of(const Args& a, const Pair& q) {
-        Tail t;
-        if (a.glu != Glu::None) return t;
-#pragma unroll
-        for (int s = 0; s < kSlots; ++s)
-            if (q.row[s]) {
-                if (const float* b = field(a, q.part[s], &GemvPart::bias)) t.bias[s] = b[q.r[s]];
-                t.out[s] = field(a, q.part[s], &GemvPart::y) + q.r[s];
-            }
-        // RoPE: the pair's rows are a pair (2i, 2i + 1) of one head
-        if (kRope && q.row[1]) {
-            const int64_t pos = *a.rope.pos0;  // (the step block is written before the step's first kernel starts)
-            const int d = static_cast<int>(q.r[0] % a.rope.head_dim);
-            t.rotate = field(a, q.part[0], &GemvPart::rope) && d < a.rope.rope_dim;
-            if (t.rotate) rope_angle(pos, a.rope.pos_scale, a.rope.inv_freq[d / 2], a.rope.attn_factor, t.cs, t.sn);
-#pragma unroll
-            for (int s = 0; s < kSlots; ++s)
-                if (uint8_t* c = field(a, q.part[s], &GemvPart::cache)) t.slot[s] = c + static_cast<size_t>(pos % a.rope.capacity) * a.rope.slot_bytes;
-        }
-        return t;
-    }
-
-    // Lane 0: a pair's sums out (gated: act(gate)·up; else + bias, rotated, + the residual, and
-    // into the cache).
-    static __device__ void store(const Args& a, const Pair& q, const Tail& t, const float (&residual)[kSlots], float v0, float v1) {
-        if (a.glu != Glu::None) {
-            a.part[0].y[q.r[0]] = gate_act(a.glu, v0) * v1;
-            return;
-        }
-        float v[kSlots] = {v0 + t.bias[0], v1 + t.bias[1]};
-        if (kRope && t.rotate) {
-            const float2 y = rope_rotate(v[0], v[1], t.cs, t.sn);
-            v[0] = y.x, v[1] = y.y;
-        }
-#pragma unroll
-        for (int s = 0; s < kSlots; ++s) {
-            if (!q.row[s]) continue;
-            *t.out[s] = a.accumulate ? residual[s] + v[s] : v[s];
-            if (kRope && t.slot[s]) {
-                if (a.rope.f16) Kv<KvType::F16>::store1(t.slot[s], q.r[s], v[s]);
-                else Kv<KvType::F32>::store1(t.slot[s], q.r[s], v[s]);
-            }
-        }
-    }
-
     static __device__ void run(const Args& a) {
         extern __shared__ uint4 smem[];
         allow_next();
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + warp;  // the warp's first pair
-        const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;         // and the step to its next
+        const int64_t wg = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+        const bool gated = a.glu != Glu::None;
+        // the warp's two rows: gate row wg and up row wg, or rows 2wg and 2wg + 1 of the parts
+        const uint8_t* row[kSlots];
+        int64_t r[kSlots];
+        int part[kSlots];
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) {
+            r[s] = gated ? wg : 2 * wg + s;
+            part[s] = gated ? s : 0;
+            if (!gated) {
+                if (a.n_parts > 1 && r[s] >= a.part[0].rows) r[s] -= a.part[0].rows, part[s] = 1;
+                if (part[s] == 1 && a.n_parts > 2 && r[s] >= a.part[1].rows) r[s] -= a.part[1].rows, part[s] = 2;
+            }
+            row[s] = r[s] < field(a, part[s], &GemvPart::rows) ? field(a, part[s], &GemvPart::w) + static_cast<size_t>(r[s]) * a.row_bytes
+                                                              : nullptr;
+        }
+
         const int n_units = static_cast<int>(a.cols / 32);
         const int n_chunks = (n_units + kChunkUnits - 1) / kChunkUnits;
         uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + warp * (kBuffers * kSlots * kStageBytes);
-        // where the bytes of chunk c of a row start, past the 16-byte boundary they are copied from
-        auto skew = [](const uint8_t* row, int c) { return static_cast<int>((reinterpret_cast<uintptr_t>(row) + c * kChunkBytes) & 15); };
-
-        // The ring's feed: chunk `ic` of the rows of pair `ip` goes next, into ring buffer `slot`;
-        // one commit group per call (empty past the warp's last pair).
-        int64_t ip = first;
-        int ic = 0;
-        Pair feed = pair_at(a, ip);
-        auto issue = [&](int slot) {
-            if (feed.row[0]) {
-                const int bytes = min(kChunkUnits, n_units - ic * kChunkUnits) / D::kUnits * kBlockBytes;
+        // where the bytes of chunk c of row s start, past the 16-byte boundary they are copied from
+        auto skew = [&](int c, int s) { return static_cast<int>((reinterpret_cast<uintptr_t>(row[s]) + c * kChunkBytes) & 15); };
+        // chunk c of the warp's rows into ring buffer `slot`: one commit group (empty past the end)
+        auto issue = [&](int c, int slot) {
+            if (c < n_chunks) {
+                const int bytes = min(kChunkUnits, n_units - c * kChunkUnits) / D::kUnits * kBlockBytes;
 #pragma unroll
                 for (int s = 0; s < kSlots; ++s) {
-                    if (!feed.row[s]) continue;
-                    const int k = skew(feed.row[s], ic), pieces = (k + bytes + 15) / 16;
-                    const uint8_t* from = feed.row[s] + ic * kChunkBytes - k;
+                    if (!row[s]) continue;
+                    const int k = skew(c, s), pieces = (k + bytes + 15) / 16;
+                    const uint8_t* from = row[s] + c * kChunkBytes - k;
                     uint8_t* to = stage + (slot * kSlots + s) * kStageBytes;
 #pragma unroll
                     for (int i = 0; i < (kPieces + 31) / 32; ++i)
                         if (lane + 32 * i < pieces) copy16(to + 16 * (lane + 32 * i), from + 16 * (lane + 32 * i));
                 }
-                if (++ic == n_chunks) ic = 0, ip += stride, feed = pair_at(a, ip);
             }
             commit();
         };
-        for (int c = 0; c < kRing; ++c) issue(c);
-        Pair cur = pair_at(a, first);
-        Tail tail;
-        if (lane == 0) tail = tail_of(a, cur);
+        for (int c = 0; c < kRing; ++c) issue(c, c);
+        // what the sums join at the end, loaded off the tail: the bias before the wait (weights),
+        // the residual after it (an activation)
+        float bias[kSlots] = {}, residual[kSlots] = {};
+        float* out[kSlots] = {};
+        if (lane == 0 && !gated)
+#pragma unroll
+            for (int s = 0; s < kSlots; ++s)
+                if (row[s]) {
+                    if (const float* b = field(a, part[s], &GemvPart::bias)) bias[s] = b[r[s]];
+                    out[s] = field(a, part[s], &GemvPart::y) + r[s];
+                }
+        // RoPE (GemvRope): the warp's two rows are a pair (2i, 2i + 1) of one head, its angle
+        // computed now; the cache slot of the step's position
+        float cs = 1.0f, sn = 0.0f;
+        bool rotate = false;
+        uint8_t* slot[kSlots] = {};
+        if (kRope && lane == 0 && row[1]) {
+            const int64_t pos = *a.rope.pos0;  // (the step block is written before the step's first kernel starts)
+            const int d = static_cast<int>(r[0] % a.rope.head_dim);
+            rotate = field(a, part[0], &GemvPart::rope) && d < a.rope.rope_dim;
+            if (rotate) rope_angle(pos, a.rope.pos_scale, a.rope.inv_freq[d / 2], a.rope.attn_factor, cs, sn);
+#pragma unroll
+            for (int s = 0; s < kSlots; ++s)
+                if (uint8_t* c = field(a, part[s], &GemvPart::cache)) slot[s] = c + static_cast<size_t>(pos % a.rope.capacity) * a.rope.slot_bytes;
+        }
         wait_inputs();
+        if (a.accumulate)
+#pragma unroll
+            for (int s = 0; s < kSlots; ++s)
+                if (out[s]) residual[s] = *out[s];
         int4* xs = reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(smem) + kWeightSmem);
         for (int u = threadIdx.x; u < n_units; u += blockDim.x) {
             const XUnit x = load_x(a.xq[u]);
@@ -284,46 +225,56 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds32Warps, Bounds8Warps> {
         }
         __syncthreads();
 
-        float v0 = 0.0f, v1 = 0.0f;
-        int64_t p = first;
-        int slot = 0;
-        while (cur.row[0]) {
-            float residual[kSlots] = {};  // (an activation: after the wait)
-            if (lane == 0 && a.accumulate)
-#pragma unroll
-                for (int s = 0; s < kSlots; ++s)
-                    if (tail.out[s]) residual[s] = *tail.out[s];
-            float sum[kSlots] = {};
-            for (int c = 0; c < n_chunks; ++c) {
+        float sum[kSlots] = {};
+        if (row[0])
+            for (int c = 0, slot = 0; c < n_chunks; ++c) {
                 wait_pending<kRing - 1>();  // this lane's pieces of chunk c have landed ...
                 __syncwarp();               // ... and every lane's
-                const uint8_t* w0 = stage + (slot * kSlots) * kStageBytes + skew(cur.row[0], c);
-                const uint8_t* w1 = stage + (slot * kSlots + 1) * kStageBytes + skew(cur.row[1], c);
+                const uint8_t* w0 = stage + (slot * kSlots) * kStageBytes + skew(c, 0);
+                const uint8_t* w1 = stage + (slot * kSlots + 1) * kStageBytes + skew(c, 1);
 #pragma unroll
                 for (int i = 0; i < kPerLane; ++i) {
                     const int u = c * kChunkUnits + 32 * i + lane;
                     if (u < n_units) {
                         const XUnit x = staged_x(xs, n_units, u);
                         sum[0] += D::dot(w0, 32 * i + lane, x);
-                        if (cur.row[1]) sum[1] += D::dot(w1, 32 * i + lane, x);
+                        if (row[1]) sum[1] += D::dot(w1, 32 * i + lane, x);
                     }
                 }
                 __syncwarp();  // everyone is done with this buffer
-                issue(slot);
+                issue(c + kRing, slot);
                 slot = slot == kRing - 1 ? 0 : slot + 1;
             }
-            v0 = warp_sum(sum[0]), v1 = warp_sum(sum[1]);
-            if constexpr (kQuantOut) break;
-            if (lane == 0) store(a, cur, tail, residual, v0, v1);
-            p += stride;
-            cur = pair_at(a, p);
-            if (lane == 0 && cur.row[0]) tail = tail_of(a, cur);
-        }
-        if constexpr (kQuantOut) {  // (gated; whole blocks of 32 rows, one pair per warp)
+        const float v0 = warp_sum(sum[0]), v1 = warp_sum(sum[1]);
+        if constexpr (kQuantOut) {  // (gated; whole blocks of 32 rows)
             __shared__ float gated_out[32];
-            if (lane == 0) gated_out[warp] = a.part[0].y[cur.r[0]] = gate_act(a.glu, v0) * v1;
+            if (lane == 0) gated_out[warp] = a.part[0].y[r[0]] = gate_act(a.glu, v0) * v1;
             __syncthreads();
             if (warp == 0) quantize_block(gated_out[lane], a.xq_out[blockIdx.x], lane);
+            return;
+        }
+        if (lane == 0 && row[0]) {
+            if (gated) {
+                a.part[0].y[r[0]] = gate_act(a.glu, v0) * v1;
+            } else {
+                float v[kSlots] = {v0, v1};
+#pragma unroll
+                for (int s = 0; s < kSlots; ++s)
+                    if (row[s] && field(a, part[s], &GemvPart::bias)) v[s] += bias[s];
+                if (kRope && rotate) {
+                    const float2 y = rope_rotate(v[0], v[1], cs, sn);
+                    v[0] = y.x, v[1] = y.y;
+                }
+#pragma unroll
+                for (int s = 0; s < kSlots; ++s) {
+                    if (!row[s]) continue;
+                    *out[s] = a.accumulate ? residual[s] + v[s] : v[s];
+                    if (kRope && slot[s]) {
+                        if (a.rope.f16) Kv<KvType::F16>::store1(slot[s], r[s], v[s]);
+                        else Kv<KvType::F32>::store1(slot[s], r[s], v[s]);
+                    }
+                }
+            }
         }
     }
 
@@ -338,9 +289,7 @@ Launch staged(const GemvArgs& a, int64_t rows) {
     (void)sized;
     if (a.cols > kMaxStagedCols)
         throw std::invalid_argument("the CUDA GEMV takes rows of up to " + std::to_string(kMaxStagedCols) + " columns");
-    int64_t blocks = (warps + K::kWarps - 1) / K::kWarps;
-    if (K::kBuffers == kRing) blocks = std::min(blocks, resident_blocks<K>(32 * K::kWarps, smem));  // (kQuantOut: one pair per warp)
-    return make_launch<K>(dim3(static_cast<unsigned>(blocks)), dim3(32 * K::kWarps), a, smem);
+    return make_launch<K>(dim3(static_cast<unsigned>((warps + K::kWarps - 1) / K::kWarps)), dim3(32 * K::kWarps), a, smem);
 }
 
 // A step of one token (decode) takes the one-token kernel; several tokens share weight loads
@@ -432,18 +381,6 @@ static int sm_count() {
         return cudaGetDevice(&device) == cudaSuccess && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? n : 0;
     }();
     return count;
-}
-
-int64_t resident_blocks(const void* by_value, const void* by_table, int threads, size_t smem) {
-    static std::mutex mutex;
-    static std::map<std::tuple<const void*, int, size_t>, int64_t> known;
-    const std::lock_guard<std::mutex> lock(mutex);
-    const auto key = std::make_tuple(by_value, threads, smem);
-    if (const auto it = known.find(key); it != known.end()) return it->second;
-    int a = 0, b = 0;
-    ER_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&a, by_value, threads, smem));
-    ER_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, by_table, threads, smem));
-    return known[key] = std::max(1, std::min(a, b)) * static_cast<int64_t>(std::max(sm_count(), 1));
 }
 
 bool gemv_quantizes_out(TensorType type, const GemvArgs& a) {

@@ -128,14 +128,6 @@ bool allow_smem(size_t bytes) {
     return true;
 }
 
-// How many blocks of `threads` threads and `smem` bytes of dynamic shared memory the device holds
-// at once, over all its SMs, for both entry points of a kernel (remembered per shape: asked once).
-int64_t resident_blocks(const void* by_value, const void* by_table, int threads, size_t smem);
-template <class K>
-int64_t resident_blocks(int threads, size_t smem) {
-    return resident_blocks(value_entry<K>(), table_entry<K>(), threads, smem);
-}
-
 // Enqueue `l` on `stream`: its arguments by value, or (table != null) the device copy of them
 // at `table`. `overlap`: may start while the previous kernel drains (sm_90 and later).
 void enqueue(const Launch& l, cudaStream_t stream, const void* table, bool overlap);
