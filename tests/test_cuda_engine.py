@@ -308,7 +308,10 @@ def test_cuda_python_generation_keeps_steps_in_flight(tmp_path):
     the untaken ones when the loop stops early. The text equals eager dispatch's (one step at a
     time), to max_tokens and when a stop string cuts it; after the cut the session holds the
     same tokens and the same logits bit for bit; two streams interleaved on one model each get
-    the text they get alone (each one's next call ends the other's chain)."""
+    the text they get alone (each one's next call ends the other's chain, and prefills its
+    tokens again: in steps of 8, whose arithmetic is a decode step's token for token; from 16
+    tokens on, prefill takes the tensor-core GEMM, whose bf16 rounding is not the decode
+    GEMV's int8 one, so a sampled token could differ)."""
     import edgerunner
     from edgerunner.model_builder import write_random_model
 
@@ -318,7 +321,7 @@ def test_cuda_python_generation_keeps_steps_in_flight(tmp_path):
     a_ids, b_ids = list(range(5, 15)), list(range(40, 52))
     results, stop = {}, None
     for dispatch in ("eager", "recorded"):
-        model = edgerunner.Model.load(path, backend="cuda", dispatch=dispatch)
+        model = edgerunner.Model.load(path, backend="cuda", dispatch=dispatch, prefill_chunk=8)
         full = model.generate(a_ids, **kw)
         streamed = "".join(model.generate(a_ids, stream=True, **kw))
         if stop is None:

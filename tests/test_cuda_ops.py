@@ -6,7 +6,8 @@ CPU reads, random blocks, odd row counts and column counts that are not a multip
 the format allows, against float64 arithmetic on the
 dequantized weights (gguf's own dequantizers through edgerunner.quants) and the float
 activations. Types whose kernel takes int8 activations (d = max|x| / 127 per 32 values) carry
-that rounding too: at most d/2 per value."""
+that rounding too: at most d/2 per value; the tensor-core GEMM rounds weights and activations to
+bf16 (8 significant bits)."""
 
 from __future__ import annotations
 
@@ -31,10 +32,31 @@ def random_weights(name, n_rows, n, rng):
     return np.stack([random_row(name, n, rng) for _ in range(n_rows)])
 
 
+# Formats whose weights are s·q + m: the byte holding the sign of their offset's f16 scale (m,
+# or dmin) in each block, and the block's size
+OFFSET_SIGN = {"Q4_1": (3, 20), "Q5_1": (3, 24), "Q2_K": (83, 84), "Q4_K": (3, 144), "Q5_K": (3, 176)}
+
+
+def scale_and_offset_magnitude(name, rows, w):
+    """|s·q| + |m| per weight (|w| where there is no offset): with the offset's sign flipped the
+    weights are s·q − m, and |a| + |b| = max(|a + b|, |a − b|)."""
+    if name not in OFFSET_SIGN:
+        return np.abs(w)
+    byte, size = OFFSET_SIGN[name]
+    flipped = rows.copy().reshape(rows.shape[0], -1, size)
+    flipped[:, :, byte] ^= 0x80
+    w2 = quants.dequantize(flipped.reshape(-1), name).astype(np.float64).reshape(w.shape)
+    return np.maximum(np.abs(w), np.abs(w2))
+
+
 def assert_matmul_close(name, rows, x, context):
     """Y = X W^T from the device against float64 on the dequantized weights, per element within
     the float32 bound n · 2^-24 · Σ|w x| (doubled for int8 activations) plus, where the kernel
-    takes int8 activations, half a quantization step per value: Σ |w| · max|x_b| / 254."""
+    takes int8 activations, half a quantization step per value: Σ |w| · max|x_b| / 254. The
+    tensor-core GEMM's bf16 operands: an activation within 2^-8 of itself, a weight within
+    2^-8 (|s·q| + |m|) + 2^-8 |w| (its scale and offset rounded, then s·q + m once), float sums
+    rounded at most an ulp per addition: Σ |x| (2^-8 (|s·q| + |m|) + 2^-7 |w|) + n · 2^-23 · Σ|w x|,
+    all (1 + 2^-6)."""
     type_id = quants.type_id(name)
     n_tokens, n = x.shape
     y = _core.cuda_matmul(type_id, rows, x)
@@ -43,7 +65,11 @@ def assert_matmul_close(name, rows, x, context):
     x64 = x.astype(np.float64)
     ref = x64 @ w.T
     bound = n * 2.0**-24 * (np.abs(x64) @ np.abs(w).T) + 1e-30
-    if _core.cuda_gemv_int8(type_id):
+    activations = _core.cuda_matmul_activations(type_id, n_tokens)
+    if activations == "bf16":
+        magnitude = scale_and_offset_magnitude(name, rows, w)
+        bound = (1 + 2.0**-6) * (2 * bound + np.abs(x64) @ (2.0**-8 * magnitude + 2.0**-7 * np.abs(w)).T)
+    elif activations == "int8":
         half_step = np.repeat(np.abs(x64.reshape(n_tokens, -1, 32)).max(axis=2) / 254.0, 32, axis=1)
         bound = 2 * bound + half_step @ np.abs(w).T
     err = np.abs(y - ref) / bound
@@ -73,8 +99,9 @@ def test_gemv_equals_float64(name):
 @pytest.mark.parametrize("name", TYPES)
 def test_prefill_matmul_equals_float64(name):
     """Several tokens: eight per weight load below 16 tokens; from 16 on the tensor-core GEMM for
-    the int8 formats (Q4_0 … Q6_K), with row counts that leave its 128-row tiles partly empty,
-    token counts that leave its 64-token tiles partly empty, and K tiles cut short."""
+    the int8 formats (Q4_0 … IQ4_XS), with row counts that leave its 128-row tiles partly empty,
+    token counts that leave its 64-token tiles partly empty, and K tiles cut short (3 and 9
+    blocks of 32: a last tile of 3 or 1 units)."""
     seed = random.randrange(2**32)
     rng = np.random.default_rng(seed)
     for n_rows, blocks, n_tokens in ((37, 3, 8), (37, 3, 16), (200, 9, 77), (130, 18, 130), (8, 2, 300)):

@@ -54,6 +54,11 @@ double copy_bandwidth(size_t n_bytes, int reps);
 bool gemv_supports(TensorType type);
 bool gemv_wants_q8(TensorType type);
 
+// Whether the tensor-core GEMM runs a matmul of this type over n_tokens tokens (16 or more, any
+// format gemv_wants_q8 lists); it multiplies bf16 copies of the weights' units (made in
+// registers) and of the activations, into float sums.
+bool gemm_takes(TensorType type, int64_t n_tokens);
+
 // Y = W · X on the device, for the backend-ops tests and the kernel benchmarks: W is n_rows
 // rows of row_bytes raw blocks (n columns), X is n_tokens rows of n floats, Y n_tokens rows of
 // n_rows. The kernel the runner would pick for that many tokens (GEMV, or the tensor-core GEMM

@@ -1,17 +1,19 @@
-// Prefill matmuls on the tensor cores: Y = W · X for a chunk of tokens, int8 mma.m16n8k32 on the
-// raw weight blocks and the int8 activations (QBlock) the one-token GEMV reads, so a prompt and
-// a decode step multiply the same integers. A block of 8 warps computes 128 weight rows × 64
-// tokens; the K dimension goes tile by tile (4 blocks, or one 256-element super-block), each
-// tile's raw weight bytes and QBlocks copied by cp.async into a ring of shared-memory stages while
-// the previous tile is multiplied. Per 32-element unit a warp turns its rows' bytes into mma
-// operands (quant_mma.cuh), multiplies them with its tokens' int8 values into exact int32 sums,
-// and adds them, scaled by the weight's and the activation's block scales, to float accumulators.
-// Same fusions as the GEMV: several matrices sharing an input (rows numbered across them), the
-// gated pair (a warp holds a gate row and its up row: act(gate)·up on the way out), the
-// residual added, a bias.
+// Prefill matmuls on the tensor cores: Y = W · X for a chunk of tokens, bf16 mma.m16n8k16 into
+// float accumulators. The weights are turned into bf16 operands in registers straight from their
+// raw blocks (quant_mma.cuh: the integer part exactly, then the unit's scale and offset, one
+// rounding), the activations are a bf16 copy of the input (to_bf16, gemv.cu), so no float
+// weights are written anywhere and the accumulators need no per-block scaling. A block of 8
+// warps computes 128 weight rows × 64 tokens; the K dimension goes 128 elements a tile, each
+// tile's raw weight bytes (the 32-element blocks it spans, or the whole super-block that holds
+// it) and bf16 activations copied by cp.async into a ring of shared-memory stages while the
+// previous tile is multiplied. Same fusions as the GEMV: several matrices sharing an input
+// (rows numbered across them), the gated pair (a warp holds a gate row and its up row:
+// act(gate)·up on the way out), the residual added, a bias.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -25,41 +27,73 @@ namespace {
 
 constexpr int kBM = 128, kBN = 64;  // weight row slots × tokens per block
 constexpr int kThreads = 256;       // 8 warps: 4 along the rows (32 slots each) × 2 along the tokens (32 each)
-constexpr int kQBytes = sizeof(QBlock);
+constexpr int kTileUnits = 4;       // 32-element units per K tile
 
 constexpr int pad_stride(int bytes) { return (bytes + 31) / 32 * 32 + 16; }  // an odd number of 16-byte lines
 
-// int32 sums read as floats: C starts at 1.5·2^23, so the float bits of C + Σ are 1.5·2^23 + Σ
-// exactly while |Σ| < 2^22 (a 32-element unit's int8 dot is at most 32·128·128 = 2^19).
-constexpr int kBiasBits = 0x4B400000;
-constexpr float kBias = 12582912.0f;
-
-__device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], int b0, int b1, int init) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
-                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(init));
+__device__ __forceinline__ uint32_t bits(__nv_bfloat162 v) {
+    uint32_t r;
+    memcpy(&r, &v, sizeof r);
+    return r;
 }
-__device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
-                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-                 : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+__device__ __forceinline__ __nv_bfloat162 bf16x2(uint32_t r) {
+    __nv_bfloat162 v;
+    memcpy(&v, &r, sizeof v);
+    return v;
+}
+
+// Four bytes of a unit (elements e..e+3, UnitBytes) as bf16 weights, pairs (e, e+1) and
+// (e+2, e+3): s · (byte − kBias) + m, the integer part exact, then one rounding (a multiply,
+// or a fused multiply-add). A byte placed under the bits 0x43 is the bf16 128 + byte for bytes
+// below 128: less 128 + kBias is the integer. A signed byte b: its low seven bits under 0x43
+// make 128 + (b & 127), its sign bit there makes 128 or 256 (it lands on the exponent's last
+// bit), and the difference of the two is b.
+template <class M>
+__device__ __forceinline__ void to_bf16(uint32_t q, float s, float m, uint32_t& w01, uint32_t& w23) {
+    const uint32_t p01 = __byte_perm(q, 0x43434343u, 0x4140u), p23 = __byte_perm(q, 0x43434343u, 0x4342u);
+    __nv_bfloat162 a, b;
+    if constexpr (M::kSigned) {
+        a = __hsub2(bf16x2(p01 & 0xFF7FFF7Fu), bf16x2(p01 & 0xFF80FF80u));
+        b = __hsub2(bf16x2(p23 & 0xFF7FFF7Fu), bf16x2(p23 & 0xFF80FF80u));
+    } else {
+        const __nv_bfloat162 bias = __float2bfloat162_rn(128.0f + M::kBias);
+        a = __hsub2(bf16x2(p01), bias);
+        b = __hsub2(bf16x2(p23), bias);
+    }
+    const __nv_bfloat162 s2 = __float2bfloat162_rn(s);
+    if constexpr (M::kMin) {
+        const __nv_bfloat162 m2 = __float2bfloat162_rn(m);
+        w01 = bits(__hfma2(a, s2, m2));
+        w23 = bits(__hfma2(b, s2, m2));
+    } else {
+        w01 = bits(__hmul2(a, s2));
+        w23 = bits(__hmul2(b, s2));
+    }
+}
+
+// c += A · B for a 16×16 bf16 A (a0..a3: rows g and g + 8, k pairs 2t and 2t + 8) and 16×8 B (b0,
+// b1: k pairs 2t and 2t + 8 of column g).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 template <TensorType T>
 struct Gemm {
     using Args = GemvArgs;
     using M = MmaUnit<T>;
-    // two blocks per SM: registers capped at 128 (the K-quants' 148–167 otherwise left one block
-    // of 8 warps per SM; two measured 10–22 % faster prefill)
-    static constexpr int kBlockThreads = kThreads, kMinBlocks = 2;
-    static constexpr int kTileUnits = M::kUnits == 8 ? 8 : 4;  // 32-element units per K tile
-    static constexpr int kRawBytes = kTileUnits / M::kUnits * static_cast<int>(sizeof(typename M::Block));  // a row's bytes per tile
-    static constexpr int kRowStride = pad_stride(kRawBytes + 15);   // + room to start on the source's 16-byte phase
-    static constexpr int kTokStride = pad_stride(kTileUnits * kQBytes);
+    static constexpr int kBlockThreads = kThreads, kMinBlocks = 2;  // two blocks per SM: registers capped at 128
+    static constexpr int kBlockBytes = sizeof(typename M::Block);
+    static constexpr int kRawBytes = (M::kUnits == 1 ? kTileUnits : 1) * kBlockBytes;  // a row's staged bytes per tile
+    static constexpr int kRowStride = pad_stride(kRawBytes + 15);  // + room to start on the source's 16-byte phase
+    // a token's tile of bf16 values, + 32 bytes: the eight tokens of a fragment load land in
+    // distinct banks
+    static constexpr int kTokStride = kTileUnits * 64 + 32;
     static constexpr int kStageBytes = kBM * kRowStride + kBN * kTokStride;
-    static constexpr int kStages = kStageBytes <= 40 * 1024 ? 3 : 2;
-    static constexpr int kSumBytes = M::kMin ? kBN * kTileUnits * 4 : 0;
-    static constexpr size_t kSmem = static_cast<size_t>(kStages) * kStageBytes + kSumBytes;
+    static constexpr int kStages = 2 * 3 * kStageBytes <= 220 * 1024 ? 3 : 2;  // as deep as two blocks per SM allow
+    static constexpr size_t kSmem = static_cast<size_t>(kStages) * kStageBytes;
+    static_assert(M::kUnits == 1 || M::kUnits % kTileUnits == 0, "a tile within one super-block");
 
     // Row slot s of block `bx` → (part, row), or part -1 past the end. Gated: warp w's slots are
     // 16 gate rows then the same 16 up rows.
@@ -80,6 +114,10 @@ struct Gemm {
         return -1;
     }
 
+    // where tile k's weight bytes start in a row, and the tile's first unit within them
+    static __device__ int64_t tile_byte(int k) { return static_cast<int64_t>(k) * kTileUnits / M::kUnits * kBlockBytes; }
+    static __device__ int tile_unit(int k) { return k * kTileUnits % M::kUnits; }
+
     static __device__ void run(const Args& a) {
         extern __shared__ uint4 smem_lines[];
         uint8_t* smem = reinterpret_cast<uint8_t*>(smem_lines);
@@ -91,8 +129,8 @@ struct Gemm {
         const int64_t n_units = a.cols / 32;
         const int n_tiles = static_cast<int>((n_units + kTileUnits - 1) / kTileUnits);
 
-        // Copy duties: two threads per row slot, four per token (rows and tokens past the end
-        // copy the last valid one: their results are never stored).
+        // Copy duties: two threads per row slot; the tokens' pieces in turn (rows and tokens past
+        // the end copy the last valid one: their results are never stored).
         const uint8_t* my_row;
         {
             int64_t r;
@@ -100,21 +138,25 @@ struct Gemm {
             if (p < 0) p = 0, r = a.part[0].rows - 1;  // a valid row to copy
             my_row = (p == 0 ? a.part[0].w : p == 1 ? a.part[1].w : a.part[2].w) + static_cast<size_t>(r) * a.row_bytes;
         }
-        const int64_t my_tok = min(n0 + tid / 4, a.n_tokens - 1);
-        const uint8_t* my_q = reinterpret_cast<const uint8_t*>(a.xq + my_tok * a.xq_stride);
         auto stage = [&](int k) { return smem + (k % kStages) * kStageBytes; };
         auto copy_weights = [&](int k) {
             if (k >= n_tiles) return;
-            const int64_t u0 = static_cast<int64_t>(k) * kTileUnits;
-            const int64_t bytes = min(static_cast<int64_t>(kTileUnits), n_units - u0) / M::kUnits * sizeof(typename M::Block);
-            stage_copy(stage(k) + (tid / 2) * kRowStride, my_row + u0 / M::kUnits * sizeof(typename M::Block),
-                       static_cast<size_t>(bytes), tid % 2, 2);
+            const int64_t units = min(static_cast<int64_t>(kTileUnits), n_units - static_cast<int64_t>(k) * kTileUnits);
+            const int64_t bytes = M::kUnits == 1 ? units * kBlockBytes : kBlockBytes;
+            stage_copy(stage(k) + (tid / 2) * kRowStride, my_row + tile_byte(k), static_cast<size_t>(bytes), tid % 2, 2);
         };
+        constexpr int kTokPieces = kTileUnits * 4;  // 16-byte pieces of a token's tile
         auto copy_tokens = [&](int k) {
             if (k >= n_tiles) return;
-            const int64_t u0 = static_cast<int64_t>(k) * kTileUnits;
-            const int64_t bytes = min(static_cast<int64_t>(kTileUnits), n_units - u0) * kQBytes;
-            stage_copy(stage(k) + kBM * kRowStride + (tid / 4) * kTokStride, my_q + u0 * kQBytes, static_cast<size_t>(bytes), tid % 4, 4);
+            const int pieces = static_cast<int>(min(static_cast<int64_t>(kTileUnits), n_units - static_cast<int64_t>(k) * kTileUnits)) * 4;
+            uint8_t* to = stage(k) + kBM * kRowStride;
+#pragma unroll
+            for (int i = 0; i < kBN * kTokPieces / kThreads; ++i) {
+                const int j = tid + i * kThreads, tok = j / kTokPieces, piece = j % kTokPieces;
+                if (piece >= pieces) continue;
+                const int64_t row = min(n0 + tok, a.n_tokens - 1);
+                copy16(to + tok * kTokStride + 16 * piece, a.xh + row * a.xh_stride + static_cast<int64_t>(k) * kTileUnits * 32 + 8 * piece);
+            }
         };
         // the first tiles' weights before waiting for the input, then their activations
         for (int k = 0; k < kStages - 1; ++k) copy_weights(k);
@@ -136,6 +178,10 @@ struct Gemm {
                                                           static_cast<size_t>(r) * a.row_bytes);
             }
 
+        // Per unit, thread t of a quad holds elements 4t..4t+3 and 16+4t..16+4t+3 of its rows'
+        // weights and of its tokens' activations: the mma's k pairs (2t, 2t+1), (2t+8, 2t+9) of the
+        // first k16 step are elements (4t, 4t+1), (4t+2, 4t+3), those of the second the same + 16 —
+        // one permutation of the unit's 32 elements, the same for both operands.
         float acc[2][4][4] = {};  // [m-tile][n-tile][c element]
         for (int k = 0; k < n_tiles; ++k) {
             wait_pending<kStages - 2>();
@@ -146,64 +192,29 @@ struct Gemm {
             const uint8_t* sa = stage(k);
             const uint8_t* sb = sa + kBM * kRowStride;
             const int units = static_cast<int>(min(static_cast<int64_t>(kTileUnits), n_units - static_cast<int64_t>(k) * kTileUnits));
-            float* sums = reinterpret_cast<float*>(smem + kStages * kStageBytes);
-            if constexpr (M::kMin) {  // d_x · Σ q_x per token and unit: the weights' offset term
-                for (int j = tid; j < kBN * kTileUnits; j += kThreads) {
-                    const uint8_t* q = sb + (j / kTileUnits) * kTokStride + (j % kTileUnits) * kQBytes;
-                    int s = 0;
-#pragma unroll
-                    for (int w = 0; w < 8; ++w) s = __dp4a(kOnes, *reinterpret_cast<const int*>(q + 4 + 4 * w), s);
-                    sums[j] = *reinterpret_cast<const float*>(q) * static_cast<float>(s);
-                }
-                __syncthreads();
-            }
-            const size_t tile_offset = static_cast<size_t>(k) * kRawBytes;
+            const int64_t offset = tile_byte(k);
+            const int u0 = tile_unit(k);
 #pragma unroll 2
             for (int u = 0; u < units; ++u) {
-                MmaFrag f[2][2];
+                uint32_t w[2][2][4];  // [m-tile][row g, g + 8][elements 4t.., 4t+2.., 16+4t.., 16+4t+2..]
+#pragma unroll
                 for (int i = 0; i < 2; ++i)
-                    for (int h = 0; h < 2; ++h)
-                        f[i][h] = M::load(sa + (wm * 32 + i * 16 + g + 8 * h) * kRowStride + ((row_at[i][h] + tile_offset) & 15), u, t);
-                int b[4][2];
-                float dx[4][2], sx[4][2];
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const UnitBytes f = M::load(sa + (wm * 32 + i * 16 + g + 8 * h) * kRowStride + ((row_at[i][h] + offset) & 15), u0 + u, t);
+                        to_bf16<M>(f.lo, f.s_lo, f.m_lo, w[i][h][0], w[i][h][1]);
+                        to_bf16<M>(f.hi, f.s_hi, f.m_hi, w[i][h][2], w[i][h][3]);
+                    }
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
-                    const uint8_t* q = sb + (wn * 32 + j * 8 + g) * kTokStride + u * kQBytes + 4;
-                    b[j][0] = *reinterpret_cast<const int*>(q + 4 * t);
-                    b[j][1] = *reinterpret_cast<const int*>(q + 16 + 4 * t);
+                    const uint8_t* x = sb + (wn * 32 + j * 8 + g) * kTokStride + u * 64 + 8 * t;
+                    const uint2 lo = *reinterpret_cast<const uint2*>(x), hi = *reinterpret_cast<const uint2*>(x + 32);
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int tok = wn * 32 + j * 8 + 2 * t + e;
-                        dx[j][e] = *reinterpret_cast<const float*>(sb + tok * kTokStride + u * kQBytes);
-                        if constexpr (M::kMin) sx[j][e] = sums[tok * kTileUnits + u];
+                    for (int i = 0; i < 2; ++i) {
+                        mma_bf16(acc[i][j], w[i][0][0], w[i][1][0], w[i][0][1], w[i][1][1], lo.x, lo.y);
+                        mma_bf16(acc[i][j], w[i][0][2], w[i][1][2], w[i][0][3], w[i][1][3], hi.x, hi.y);
                     }
                 }
-#pragma unroll
-                for (int i = 0; i < 2; ++i)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        int c[4];
-                        if constexpr (M::kTwoScales) {
-                            int c1[4];
-                            mma_k16(c, f[i][0].lo, f[i][1].lo, b[j][0]);
-                            mma_k16(c1, f[i][0].hi, f[i][1].hi, b[j][1]);
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) {
-                                const MmaFrag& w = f[i][e / 2];
-                                acc[i][j][e] += static_cast<float>(w.s0 * c[e] + w.s1 * c1[e]) * (w.d * dx[j][e % 2]);
-                            }
-                        } else {
-                            const int a4[4] = {f[i][0].lo, f[i][1].lo, f[i][0].hi, f[i][1].hi};
-                            mma_k32(c, a4, b[j][0], b[j][1], kBiasBits);
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) {
-                                const MmaFrag& w = f[i][e / 2];
-                                float v = (__int_as_float(c[e]) - kBias) * (w.d * dx[j][e % 2]);
-                                if constexpr (M::kMin) v = fmaf(w.m, sx[j][e % 2], v);
-                                acc[i][j][e] += v;
-                            }
-                        }
-                    }
             }
         }
 
@@ -250,14 +261,14 @@ Launch launch(const GemvArgs& a) {
 
 }  // namespace
 
-bool gemm_supports(TensorType type, const GemvArgs& a) {
-    // the activations' rows must start on 16-byte boundaries (the copies take whole lines)
-    const bool aligned = reinterpret_cast<uintptr_t>(a.xq) % 16 == 0 && (a.xq_stride * kQBytes) % 16 == 0;
-    if (!aligned || a.n_tokens < kPrefillKernelTokens) return false;
+bool gemm_takes(TensorType type, int64_t n_tokens) {
+    if (n_tokens < kPrefillKernelTokens) return false;
     switch (type) {
-        case TensorType::Q4_0: case TensorType::Q4_1: case TensorType::Q5_0: case TensorType::Q5_1: case TensorType::Q8_0:
-        case TensorType::IQ4_NL: case TensorType::Q3_K: case TensorType::Q4_K: case TensorType::Q5_K: case TensorType::Q6_K:
-        case TensorType::IQ4_XS: return true;
+#define ER_MMA(T) \
+    case TensorType::T: return MmaUnit<TensorType::T>::kFast;
+        ER_MMA(Q4_0) ER_MMA(Q4_1) ER_MMA(Q5_0) ER_MMA(Q5_1) ER_MMA(Q8_0) ER_MMA(IQ4_NL) ER_MMA(Q2_K) ER_MMA(Q3_K) ER_MMA(Q4_K) ER_MMA(Q5_K)
+        ER_MMA(Q6_K) ER_MMA(IQ4_XS)
+#undef ER_MMA
         default: return false;
     }
 }
@@ -275,6 +286,7 @@ Launch gemm(TensorType type, const GemvArgs& a) {
         case TensorType::IQ4_NL: return launch<TensorType::IQ4_NL>(a);
         case TensorType::Q3_K: return launch<TensorType::Q3_K>(a);
         case TensorType::IQ4_XS: return launch<TensorType::IQ4_XS>(a);
+        case TensorType::Q2_K: return launch<TensorType::Q2_K>(a);
         default: throw std::invalid_argument("the CUDA tensor-core GEMM has no kernel for " + std::string(tensor_type_name(type)));
     }
 }

@@ -3,10 +3,12 @@
 // formats, quant_dot.cuh; float activations otherwise, quant_unit.cuh), a shuffle reduction, one
 // store (or add: the residual; or act(gate)·up). The one-token kernel of the int8 formats stages
 // the weights through shared memory (GemvStaged).
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -359,6 +361,25 @@ struct Quantize {
     }
 };
 
+// Four values per thread.
+struct ToBf16 {
+    using Args = Bf16Args;
+    static __device__ void run(const Args& a) {
+        allow_next();
+        wait_inputs();
+        const int64_t per_token = a.cols / 4;
+        const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+        if (i >= a.n_tokens * per_token) return;
+        const int64_t t = i / per_token, c = 4 * (i % per_token);
+        const float4 v = *reinterpret_cast<const float4*>(a.x + t * a.x_stride + c);
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+        uint2 out;
+        memcpy(&out.x, &lo, 4);
+        memcpy(&out.y, &hi, 4);
+        *reinterpret_cast<uint2*>(a.out + t * a.out_stride + c) = out;
+    }
+};
+
 }  // namespace
 
 bool gemv_supports(TensorType type) { return launcher(type) != nullptr; }
@@ -401,7 +422,7 @@ bool gemv_quantizes_out(TensorType type, const GemvArgs& a) {
 }
 
 bool gemv_ropes(TensorType type, const GemvArgs& a) {
-    return gemv_wants_q8(type) && a.n_tokens == 1 && a.glu == Glu::None && !gemm_supports(type, a);
+    return gemv_wants_q8(type) && a.n_tokens == 1 && a.glu == Glu::None;
 }
 
 size_t qblock_bytes() { return sizeof(QBlock); }
@@ -411,13 +432,22 @@ Launch quantize_activations(const QuantizeArgs& a) {
     return make_launch<Quantize>(dim3(static_cast<unsigned>((n_blocks + 7) / 8)), dim3(256), a);
 }
 
+Launch bf16_activations(const Bf16Args& a) {
+    const int64_t n = a.n_tokens * (a.cols / 4);
+    return make_launch<ToBf16>(dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), a);
+}
+
 Launch gemv(TensorType type, const GemvArgs& args) {
     const LaunchFn fn = launcher(type);
     if (!fn) throw std::invalid_argument("the CUDA backend has no GEMV kernel for " + std::string(tensor_type_name(type)));
     if (args.cols % 32 != 0) throw std::invalid_argument("GEMV columns must be a multiple of 32");
     if (args.rope.pos0 && !gemv_ropes(type, args)) throw std::logic_error("only the one-token GEMV of an int8 format stores RoPE'd Q, K and V");
     if (args.xq_out && !gemv_quantizes_out(type, args)) throw std::logic_error("this GEMV cannot write an int8 copy of its output");
-    if (gemm_supports(type, args)) return gemm(type, args);
+    if (gemm_takes(type, args.n_tokens)) {
+        if (!args.xh || reinterpret_cast<uintptr_t>(args.xh) % 16 != 0 || args.xh_stride % 8 != 0)
+            throw std::logic_error("the tensor-core GEMM reads bf16 activations whose rows start on 16-byte boundaries");
+        return gemm(type, args);
+    }
     return fn(args);
 }
 
@@ -428,6 +458,8 @@ std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, 
     auto xd = device_alloc<float>(static_cast<size_t>(n_tokens * n));
     auto yd = device_alloc<float>(static_cast<size_t>(n_tokens * n_rows));
     auto xq = device_alloc<QBlock>(static_cast<size_t>(n_tokens * q_stride) + 8);
+    const int64_t h_stride = (n + 7) / 8 * 8;
+    auto xh = device_alloc<uint16_t>(static_cast<size_t>(n_tokens * h_stride));
     ER_CUDA(cudaMemcpy(w.get(), rows, static_cast<size_t>(n_rows) * row_bytes, cudaMemcpyHostToDevice));
     ER_CUDA(cudaMemcpy(xd.get(), x, static_cast<size_t>(n_tokens * n) * sizeof(float), cudaMemcpyHostToDevice));
     GemvArgs args;
@@ -437,7 +469,11 @@ std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, 
     args.n_tokens = n_tokens;
     args.x = xd.get();
     args.x_stride = n;
-    if (gemv_wants_q8(type)) {
+    if (gemm_takes(type, n_tokens)) {  // (as the runner: bf16 rows on 16-byte boundaries)
+        enqueue(bf16_activations(Bf16Args{xd.get(), xh.get(), n_tokens, n, n, h_stride}), nullptr, nullptr, false);
+        args.xh = xh.get();
+        args.xh_stride = h_stride;
+    } else if (gemv_wants_q8(type)) {
         enqueue(quantize_activations(QuantizeArgs{xd.get(), xq.get(), n_tokens, n, n, q_stride}), nullptr, nullptr, false);
         args.xq = xq.get();
         args.xq_stride = q_stride;

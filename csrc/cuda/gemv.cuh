@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda.h"
 #include "edgerunner/tensor_type.h"
 #include "launch.cuh"
 
@@ -53,18 +54,19 @@ struct GemvArgs {
     int64_t x_stride = 0;
     const QBlock* xq = nullptr;  // x quantized (types where gemv_wants_q8), xq_stride blocks apart
     int64_t xq_stride = 0;
+    const uint16_t* xh = nullptr;  // x as bf16 (the tensor-core GEMM: gemm_takes), xh_stride values apart
+    int64_t xh_stride = 0;
     bool accumulate = false;
     GemvRope rope;
     QBlock* xq_out = nullptr;  // gated: also act(gate)·up as int8 blocks (gemv_quantizes_out)
 };
 
-// Picks the kernel: the tensor-core GEMM (gemm.cu) for chunks of kPrefillKernelTokens or more
-// where it applies, else a GEMV (one token, or eight tokens per weight load).
+// Picks the kernel: the tensor-core GEMM (gemm.cu) where gemm_takes, else a GEMV (one token, or
+// eight tokens per weight load).
 Launch gemv(TensorType type, const GemvArgs& args);
 
-// The tensor-core GEMM: int8 formats, int8 activations whose rows start on 16-byte boundaries
-// (xq and xq_stride · sizeof(QBlock) multiples of 16).
-bool gemm_supports(TensorType type, const GemvArgs& args);
+// The tensor-core GEMM (gemm.cu), where gemm_takes (cuda.h): it reads the bf16 activations
+// (GemvArgs::xh, rows on 16-byte boundaries: xh and xh_stride · 2 multiples of 16).
 Launch gemm(TensorType type, const GemvArgs& args);
 
 // Whether the type's GEMV reads int8 activations (GemvArgs::xq) rather than floats.
@@ -82,5 +84,12 @@ struct QuantizeArgs {
     int64_t n_tokens, cols, x_stride, out_stride;
 };
 Launch quantize_activations(const QuantizeArgs& args);
+
+struct Bf16Args {
+    const float* x;  // n_tokens rows of cols floats, x_stride apart
+    uint16_t* out;   // the same as bf16 (rounded to nearest even), out_stride apart
+    int64_t n_tokens, cols, x_stride, out_stride;
+};
+Launch bf16_activations(const Bf16Args& args);
 
 }  // namespace edgerunner::cuda

@@ -1,20 +1,19 @@
-// The tensor-core GEMM's view of a weight block (gemm.cu): for unit u (32 elements) of a row and
-// thread t of its quad, the operand words of an int8 mma.m16n8k32 — elements 4t..4t+3 (`lo`)
-// and 16+4t..16+4t+3 (`hi`) as four signed bytes each — and the unit's float scale `d` and
-// offset `m`, so that weight = d · q + m. The activations are the int8 QBlocks of the GEMV
-// (quant_dot.cuh), so Σ w·x over the unit = d_x · (d · Σ q·q_x + m · Σ q_x): integer
-// products exact, as in the one-token GEMV. Q6_K's two 16-element halves have their own
-// integer scales (s0 for lo, s1 for hi): its kernel multiplies each half separately.
+// The tensor-core GEMM's view of a weight block (gemm.cu). For unit u (32 elements) of a row and
+// thread t of a quad: elements 4t..4t+3 (`lo`) and 16+4t..16+4t+3 (`hi`) of the unit as four
+// bytes each, and the scale and offset of their half, so that
+//     weight = s · (byte − kBias) + m          (kSigned formats: the bytes are signed, no bias)
+// (lo: s_lo, m_lo; hi: s_hi, m_hi; m = 0 unless kMin; unsigned bytes below 128). The GEMM turns
+// them into bf16 mma operands (the integer parts exactly: at most 8 bits) and multiplies them
+// with bf16 activations; no float weights are written anywhere.
 #pragma once
 
 #include "quant_dot.cuh"
 
 namespace edgerunner::cuda {
 
-struct MmaFrag {
-    int lo, hi;    // four int8 weights each
-    float d, m;    // weight = d · q + m (m = 0: symmetric formats)
-    int s0, s1;    // Q6_K: the halves' integer scales
+struct UnitBytes {
+    uint32_t lo, hi;
+    float s_lo, s_hi, m_lo, m_hi;
 };
 
 template <TensorType T>
@@ -22,176 +21,208 @@ struct MmaUnit {
     static constexpr bool kFast = false;
 };
 
-// Four nibbles minus `offset` each, as signed bytes.
-__device__ __forceinline__ int nibbles(uint32_t w, int shift, uint32_t offset) {
-    return static_cast<int>(__vsub4(w >> shift & 0x0F0F0F0Fu, offset));
-}
+constexpr uint32_t kLowNibbles = 0x0F0F0F0Fu;
 
+// A word of quants from a 4-byte aligned address (blocks whose size is a multiple of 4 keep
+// that alignment in a row, and in the GEMM's staged copy).
+__device__ __forceinline__ uint32_t ld32a(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// A small integer scale (|v| < 2^22) as a float: its bits added to those of 1.5·2^23, less that
+// (the integer-to-float conversion instruction issues at a quarter of the rate).
+__device__ __forceinline__ float exact_float(int v) { return __int_as_float(0x4B400000 + v) - 12582912.0f; }
+
+// Formats of one 32-element block per unit: `tile` holds whole blocks, unit u is block u.
 template <>
 struct MmaUnit<TensorType::Q4_0> {
-    static constexpr bool kFast = true, kMin = false, kTwoScales = false;
+    static constexpr bool kFast = true, kMin = false, kSigned = false;
+    static constexpr int kBias = 8, kUnits = 1;
     using Block = block_q4_0;
-    static constexpr int kUnits = 1;
-    static __device__ MmaFrag load(const uint8_t* tile, int u, int t) {
+    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
         const Block& b = reinterpret_cast<const Block*>(tile)[u];
         const uint32_t w = ld32(b.qs + 4 * t);
-        return {nibbles(w, 0, 0x08080808u), nibbles(w, 4, 0x08080808u), h2f(b.d), 0.0f, 0, 0};
+        const float d = h2f(b.d);
+        return {w & kLowNibbles, w >> 4 & kLowNibbles, d, d, 0.0f, 0.0f};
     }
 };
 
 template <>
 struct MmaUnit<TensorType::Q4_1> {
-    static constexpr bool kFast = true, kMin = true, kTwoScales = false;
+    static constexpr bool kFast = true, kMin = true, kSigned = false;
+    static constexpr int kBias = 0, kUnits = 1;
     using Block = block_q4_1;
-    static constexpr int kUnits = 1;
-    static __device__ MmaFrag load(const uint8_t* tile, int u, int t) {
+    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
         const Block& b = reinterpret_cast<const Block*>(tile)[u];
-        const uint32_t w = ld32(b.qs + 4 * t);
-        return {nibbles(w, 0, 0), nibbles(w, 4, 0), h2f(b.d), h2f(b.m), 0, 0};
+        const uint32_t w = ld32a(b.qs + 4 * t);  // (20-byte blocks)
+        const float d = h2f(b.d), m = h2f(b.m);
+        return {w & kLowNibbles, w >> 4 & kLowNibbles, d, d, m, m};
     }
 };
 
-// Q5_0 / Q5_1: the fifth bit of element j is bit j of qh.
-template <typename Block>
-__device__ __forceinline__ void q5_words(const Block& b, int t, int* lo, int* hi) {
-    const uint32_t w = ld32(b.qs + 4 * t), qh = ld32(b.qh);
-    *lo = static_cast<int>(w & 0x0F0F0F0Fu) | spread4(qh >> (4 * t));
-    *hi = static_cast<int>(w >> 4 & 0x0F0F0F0Fu) | spread4(qh >> (16 + 4 * t));
+// Q5_0 / Q5_1: the fifth bit of element j is bit j of qh (Q5_1's 24-byte blocks: aligned loads).
+template <typename Block, bool kAligned>
+__device__ __forceinline__ void q5_words(const Block& b, int t, uint32_t* lo, uint32_t* hi) {
+    const uint32_t w = kAligned ? ld32a(b.qs + 4 * t) : ld32(b.qs + 4 * t), qh = kAligned ? ld32a(b.qh) : ld32(b.qh);
+    *lo = (w & kLowNibbles) | static_cast<uint32_t>(spread4(qh >> (4 * t)));
+    *hi = (w >> 4 & kLowNibbles) | static_cast<uint32_t>(spread4(qh >> (16 + 4 * t)));
 }
 
 template <>
 struct MmaUnit<TensorType::Q5_0> {
-    static constexpr bool kFast = true, kMin = false, kTwoScales = false;
+    static constexpr bool kFast = true, kMin = false, kSigned = false;
+    static constexpr int kBias = 16, kUnits = 1;
     using Block = block_q5_0;
-    static constexpr int kUnits = 1;
-    static __device__ MmaFrag load(const uint8_t* tile, int u, int t) {
+    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
         const Block& b = reinterpret_cast<const Block*>(tile)[u];
-        int lo, hi;
-        q5_words(b, t, &lo, &hi);
-        return {static_cast<int>(__vsub4(lo, 0x10101010u)), static_cast<int>(__vsub4(hi, 0x10101010u)), h2f(b.d), 0.0f, 0, 0};
+        UnitBytes f;
+        q5_words<Block, false>(b, t, &f.lo, &f.hi);
+        f.s_lo = f.s_hi = h2f(b.d);
+        f.m_lo = f.m_hi = 0.0f;
+        return f;
     }
 };
 
 template <>
 struct MmaUnit<TensorType::Q5_1> {
-    static constexpr bool kFast = true, kMin = true, kTwoScales = false;
+    static constexpr bool kFast = true, kMin = true, kSigned = false;
+    static constexpr int kBias = 0, kUnits = 1;
     using Block = block_q5_1;
-    static constexpr int kUnits = 1;
-    static __device__ MmaFrag load(const uint8_t* tile, int u, int t) {
+    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
         const Block& b = reinterpret_cast<const Block*>(tile)[u];
-        int lo, hi;
-        q5_words(b, t, &lo, &hi);
-        return {lo, hi, h2f(b.d), h2f(b.m), 0, 0};
+        UnitBytes f;
+        q5_words<Block, true>(b, t, &f.lo, &f.hi);
+        f.s_lo = f.s_hi = h2f(b.d);
+        f.m_lo = f.m_hi = h2f(b.m);
+        return f;
     }
 };
 
 template <>
 struct MmaUnit<TensorType::Q8_0> {
-    static constexpr bool kFast = true, kMin = false, kTwoScales = false;
+    static constexpr bool kFast = true, kMin = false, kSigned = true;
+    static constexpr int kBias = 0, kUnits = 1;
     using Block = block_q8_0;
-    static constexpr int kUnits = 1;
-    static __device__ MmaFrag load(const uint8_t* tile, int u, int t) {
+    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
         const Block& b = reinterpret_cast<const Block*>(tile)[u];
         const uint8_t* q = reinterpret_cast<const uint8_t*>(b.qs);
-        return {static_cast<int>(ld32(q + 4 * t)), static_cast<int>(ld32(q + 16 + 4 * t)), h2f(b.d), 0.0f, 0, 0};
+        const float d = h2f(b.d);
+        return {ld32(q + 4 * t), ld32(q + 16 + 4 * t), d, d, 0.0f, 0.0f};
     }
 };
 
-// IQ4_NL / IQ4_XS: the code book's values of the indices (iq4_values); IQ4_XS's unit u is
-// sub-block u of the tile's super-block, with its scale.
+// IQ4_NL / IQ4_XS: the code book's values of the indices (iq4_values), signed bytes.
 template <>
 struct MmaUnit<TensorType::IQ4_NL> {
-    static constexpr bool kFast = true, kMin = false, kTwoScales = false;
+    static constexpr bool kFast = true, kMin = false, kSigned = true;
+    static constexpr int kBias = 0, kUnits = 1;
     using Block = block_iq4_nl;
-    static constexpr int kUnits = 1;
-    static __device__ MmaFrag load(const uint8_t* tile, int u, int t) {
+    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
         const Block& b = reinterpret_cast<const Block*>(tile)[u];
         const int2 v = iq4_values(ld32(b.qs + 4 * t));
-        return {v.x, v.y, h2f(b.d), 0.0f, 0, 0};
+        const float d = h2f(b.d);
+        return {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y), d, d, 0.0f, 0.0f};
     }
 };
 
+// Super-block formats (256 elements): `tile` holds the super-block, unit u is its sub-block u.
 template <>
 struct MmaUnit<TensorType::IQ4_XS> {
-    static constexpr bool kFast = true, kMin = false, kTwoScales = false;
+    static constexpr bool kFast = true, kMin = false, kSigned = true;
+    static constexpr int kBias = 0, kUnits = 8;
     using Block = block_iq4_xs;
-    static constexpr int kUnits = 8;
-    static __device__ MmaFrag load(const uint8_t* tile, int u, int t) {
+    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
         const Block& b = *reinterpret_cast<const Block*>(tile);
-        const int2 v = iq4_values(ld32(b.qs + 16 * u + 4 * t));
-        return {v.x, v.y, h2f(b.d) * static_cast<float>(iq4_xs_scale(b, u)), 0.0f, 0, 0};
+        const int2 v = iq4_values(ld32a(b.qs + 16 * u + 4 * t));  // (136-byte blocks)
+        const float d = h2f(b.d) * exact_float(iq4_xs_scale(b, u));
+        return {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y), d, d, 0.0f, 0.0f};
     }
 };
 
-// Q3_K: unit u = g·4 + s, elements l: bits 2s, 2s+1 of qs[g·32 + l], − 4 unless bit u of
-// hmask[l] is set; the two sub-blocks' 6-bit scales − 32. (Q2_K, whose sub-blocks each have a
-// minimum, would need the activations' sums per 16: it takes the eight-token GEMV.)
+// Q2_K: unit u = g·4 + s, elements l: bits 2s, 2s+1 of qs[g·32 + l]; its two 16-element
+// sub-blocks (2u, 2u + 1) each with a scale (low nibble) and a minimum (high nibble):
+// weight = d·sc·q − dmin·m.
 template <>
-struct MmaUnit<TensorType::Q3_K> {
-    static constexpr bool kFast = true, kMin = false, kTwoScales = true;
-    using Block = block_q3_K;
-    static constexpr int kUnits = 8;
-    static __device__ MmaFrag load(const uint8_t* tile, int u, int t) {
+struct MmaUnit<TensorType::Q2_K> {
+    static constexpr bool kFast = true, kMin = true, kSigned = false;
+    static constexpr int kBias = 0, kUnits = 8;
+    using Block = block_q2_K;
+    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
         const Block& b = *reinterpret_cast<const Block*>(tile);
         const uint8_t* q = b.qs + (u / 4) * 32;
         const int shift = 2 * (u % 4);
-        auto word = [&](int l) {
-            return static_cast<int>(__vsub4((ld32(q + l) >> shift & 0x03030303u) | (ld32(b.hmask + l) >> u & 0x01010101u) << 2, 0x04040404u));
-        };
-        return {word(4 * t), word(16 + 4 * t), h2f(b.d), 0.0f, q3_k_scale(b, 2 * u), q3_k_scale(b, 2 * u + 1)};
+        const float d = h2f(b.d), dmin = h2f(b.dmin);
+        const int s0 = b.scales[2 * u], s1 = b.scales[2 * u + 1];
+        return {ld32a(q + 4 * t) >> shift & 0x03030303u, ld32a(q + 16 + 4 * t) >> shift & 0x03030303u, d * exact_float(s0 & 0xF),
+                d * exact_float(s1 & 0xF), -dmin * exact_float(s0 >> 4), -dmin * exact_float(s1 >> 4)};  // (84-byte blocks)
     }
 };
 
-// Q4_K / Q5_K: unit u = sub-block u of the tile's super-block, elements l = nibble u % 2 of
-// qs[(u / 2)·32 + l] (+ bit u of qh[l] for Q5_K); weight = d·sc·q − dmin·m.
+// Q3_K: unit u = g·4 + s, elements l: bits 2s, 2s+1 of qs[g·32 + l], + 4 where bit u of
+// hmask[l] is set, − 4; the two sub-blocks' 6-bit scales − 32.
+template <>
+struct MmaUnit<TensorType::Q3_K> {
+    static constexpr bool kFast = true, kMin = false, kSigned = false;
+    static constexpr int kBias = 4, kUnits = 8;
+    using Block = block_q3_K;
+    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
+        const Block& b = *reinterpret_cast<const Block*>(tile);
+        const uint8_t* q = b.qs + (u / 4) * 32;
+        const int shift = 2 * (u % 4);
+        auto word = [&](int l) { return (ld32(q + l) >> shift & 0x03030303u) | (ld32(b.hmask + l) >> u & 0x01010101u) << 2; };
+        const float d = h2f(b.d);
+        return {word(4 * t), word(16 + 4 * t), d * exact_float(q3_k_scale(b, 2 * u)), d * exact_float(q3_k_scale(b, 2 * u + 1)), 0.0f, 0.0f};
+    }
+};
+
+// Q4_K / Q5_K: unit u = sub-block u, elements l = nibble u % 2 of qs[(u / 2)·32 + l] (+ bit u of
+// qh[l] as the fifth bit, Q5_K); weight = d·sc·q − dmin·m.
 template <typename Block, bool kFiveBit>
-__device__ __forceinline__ MmaFrag q45_k_frag(const uint8_t* tile, int u, int t) {
+__device__ __forceinline__ UnitBytes q45_k_bytes(const uint8_t* tile, int u, int t) {
     const Block& b = *reinterpret_cast<const Block*>(tile);
     int sc, m;
     k_scale_min(b.scales, u, &sc, &m);
     const uint8_t* q = b.qs + (u / 2) * 32;
     const int shift = 4 * (u % 2);
-    int lo = nibbles(ld32(q + 4 * t), shift, 0), hi = nibbles(ld32(q + 16 + 4 * t), shift, 0);
+    uint32_t lo = ld32a(q + 4 * t) >> shift & kLowNibbles, hi = ld32a(q + 16 + 4 * t) >> shift & kLowNibbles;  // (144 / 176-byte blocks)
     if constexpr (kFiveBit) {
-        lo |= static_cast<int>((ld32(b.qh + 4 * t) >> u & 0x01010101u) << 4);
-        hi |= static_cast<int>((ld32(b.qh + 16 + 4 * t) >> u & 0x01010101u) << 4);
+        lo |= (ld32a(b.qh + 4 * t) >> u & 0x01010101u) << 4;
+        hi |= (ld32a(b.qh + 16 + 4 * t) >> u & 0x01010101u) << 4;
     }
-    return {lo, hi, h2f(b.d) * static_cast<float>(sc), -h2f(b.dmin) * static_cast<float>(m), 0, 0};
+    const float s = h2f(b.d) * exact_float(sc), mn = -h2f(b.dmin) * exact_float(m);
+    return {lo, hi, s, s, mn, mn};
 }
 
 template <>
 struct MmaUnit<TensorType::Q4_K> {
-    static constexpr bool kFast = true, kMin = true, kTwoScales = false;
+    static constexpr bool kFast = true, kMin = true, kSigned = false;
+    static constexpr int kBias = 0, kUnits = 8;
     using Block = block_q4_K;
-    static constexpr int kUnits = 8;
-    static __device__ MmaFrag load(const uint8_t* tile, int u, int t) { return q45_k_frag<Block, false>(tile, u, t); }
+    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) { return q45_k_bytes<Block, false>(tile, u, t); }
 };
 
 template <>
 struct MmaUnit<TensorType::Q5_K> {
-    static constexpr bool kFast = true, kMin = true, kTwoScales = false;
+    static constexpr bool kFast = true, kMin = true, kSigned = false;
+    static constexpr int kBias = 0, kUnits = 8;
     using Block = block_q5_K;
-    static constexpr int kUnits = 8;
-    static __device__ MmaFrag load(const uint8_t* tile, int u, int t) { return q45_k_frag<Block, true>(tile, u, t); }
+    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) { return q45_k_bytes<Block, true>(tile, u, t); }
 };
 
 // Q6_K: unit u = h·4 + s, elements l: low nibble of ql[h·64 + (s % 2)·32 + l] (high nibble for
-// s ≥ 2), two bits at 2s of qh[h·32 + l], minus 32; scales[h·8 + s·2] for l < 16, the next above.
+// s ≥ 2), two bits at 2s of qh[h·32 + l], − 32; scales[h·8 + s·2] for l < 16, the next above.
 template <>
 struct MmaUnit<TensorType::Q6_K> {
-    static constexpr bool kFast = true, kMin = false, kTwoScales = true;
+    static constexpr bool kFast = true, kMin = false, kSigned = false;
+    static constexpr int kBias = 32, kUnits = 8;
     using Block = block_q6_K;
-    static constexpr int kUnits = 8;
-    static __device__ MmaFrag load(const uint8_t* tile, int u, int t) {
+    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
         const Block& b = *reinterpret_cast<const Block*>(tile);
         const int h = u / 4, s = u % 4;
         const uint8_t* ql = b.ql + h * 64 + (s % 2) * 32;
         const uint8_t* qh = b.qh + h * 32;
         const int shift = 4 * (s / 2);
-        auto word = [&](int l) {
-            return static_cast<int>(__vsub4((ld32(ql + l) >> shift & 0x0F0F0F0Fu) | (ld32(qh + l) >> (2 * s) & 0x03030303u) << 4, 0x20202020u));
-        };
-        return {word(4 * t), word(16 + 4 * t), h2f(b.d), 0.0f, b.scales[h * 8 + s * 2], b.scales[h * 8 + s * 2 + 1]};
+        auto word = [&](int l) { return (ld32(ql + l) >> shift & kLowNibbles) | (ld32(qh + l) >> (2 * s) & 0x03030303u) << 4; };
+        const float d = h2f(b.d);
+        return {word(4 * t), word(16 + 4 * t), d * exact_float(b.scales[h * 8 + s * 2]), d * exact_float(b.scales[h * 8 + s * 2 + 1]), 0.0f, 0.0f};
     }
 };
 

@@ -159,6 +159,7 @@ struct Step {
     int n_parts = 0;
     cuda::Glu glu = cuda::Glu::None;  // Gemv: parts are gate and up; Glu: the activation
     bool quantize = false;     // Gemv: quantize op.in first
+    bool input_ready = false;  // Gemv: an earlier matmul's int8 (or, in prefill, bf16) copy of op.in is still valid
     bool q_out = false;        // Norm, Attention: also write the quantized copy of the output
     bool local_rope = false;   // RopeKv
     int32_t layer = -1;        // RopeKv
@@ -186,6 +187,7 @@ public:
         sample_scratch_ = device_alloc<double>(static_cast<size_t>(c_.n_vocab));
         qbuf_ = device_alloc<uint8_t>(static_cast<size_t>(plan_.max_tokens * q_stride()) * qblock_bytes() + 256);  // GEMV reads whole 16 bytes
         qglu_ = device_alloc<uint8_t>(static_cast<size_t>(q_stride()) * qblock_bytes() + 256);
+        if (plan_.max_tokens >= kPrefillKernelTokens) hbuf_ = device_alloc<uint16_t>(static_cast<size_t>(plan_.max_tokens * h_stride()));
         const AttentionScratch scratch = attention_scratch(plan_.max_tokens, static_cast<int32_t>(c_.n_head),
                                                            static_cast<int32_t>(c_.n_head_kv), static_cast<int32_t>(c_.head_dim));
         attn_partial_ = device_alloc<float>(static_cast<size_t>(scratch.partial));
@@ -401,6 +403,14 @@ private:
     QBlock* qrow(int64_t t) const {
         return reinterpret_cast<QBlock*>(qbuf_.get() + static_cast<size_t>(t * q_stride()) * qblock_bytes());
     }
+    // bf16 values per row of the prefill GEMM's input buffer: rows on 16-byte boundaries
+    int64_t h_stride() const { return (widest_ + 7) / 8 * 8; }
+    uint16_t* hrow(int64_t t) const { return hbuf_.get() + t * h_stride(); }
+    // Whether step k, over n tokens, is a matmul the tensor-core GEMM runs (its input then is
+    // the bf16 copy, and no int8 one is needed).
+    bool takes_gemm(size_t k, int64_t n) const {
+        return k < steps_.size() && steps_[k].kind == Step::Gemv && gemm_takes(steps_[k].op.weight->type, n);
+    }
 
     const ModelConfig& c_;
     const Plan& plan_;
@@ -415,6 +425,7 @@ private:
     DevicePtr<uint8_t> qbuf_;            // int8 activations of one buffer, max_tokens rows
     DevicePtr<uint8_t> qglu_;            // one row: gate·up's int8 copy from its GEMV (quantizes_for_next; its
                                          // blocks finish while others still read their input from qbuf_)
+    DevicePtr<uint16_t> hbuf_;           // bf16 activations of one buffer for the prefill GEMM, max_tokens rows
     DevicePtr<float> attn_partial_;      // the decode attention's partial results
     DevicePtr<int32_t> attn_done_;       // and its counters
     DevicePtr<float> arena_, inv_freq_;  // inv_freq_: the global base's, then the local base's
@@ -481,6 +492,7 @@ void Runner::fuse() {
                     ops[i + 1].in == s.parts[0]->out && s.parts[1]->out == Buf::UP && s.parts[0]->weight->rows == s.parts[1]->weight->rows) {
                     s.glu = ops[++i].kind == OpKind::GeGLU ? cuda::Glu::GELU : cuda::Glu::SiLU;
                 }
+                s.input_ready = gemv_wants_q8(type) && quantized == op.in;
                 if (gemv_wants_q8(type) && quantized != op.in) {
                     Step* prev = steps_.empty() ? nullptr : &steps_.back();
                     const bool prev_writes = prev && prev->op.out == op.in && prev->op.tail == op.tail &&
@@ -558,11 +570,13 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 out->push_back(embed(op.weight->type, EmbedArgs{(*w_)(op.weight), op.weight->row_bytes, op.weight->cols, b->tokens, n,
                                                                  row(Buf::X, 0), op.scale}));
                 break;
-            case Step::Norm:
+            case Step::Norm: {
+                const bool q_out = s.q_out && !takes_gemm(k + 1, n - first);
                 out->push_back(rms_norm(NormArgs{row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first),
-                                                 n - first, width(op.in), c_.norm_eps, op.accumulate, s.q_out ? qrow(first) : nullptr,
+                                                 n - first, width(op.in), c_.norm_eps, op.accumulate, q_out ? qrow(first) : nullptr,
                                                  q_stride()}));
                 break;
+            }
             case Step::HeadNorm:
                 out->push_back(rms_norm(NormArgs{row(op.in, 0), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.in, 0),
                                                  n * op.heads, c_.head_dim, c_.norm_eps, false, nullptr, 0}));
@@ -570,8 +584,12 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
             case Step::Gemv: {
                 const Weight& w = *op.weight;
                 const bool from_glu = n == 1 && k > 0 && steps_[k - 1].q8_for_next;  // the int8 input is in qglu_
-                if (s.quantize && !from_glu)
+                if (takes_gemm(k, n - first)) {
+                    if (!s.input_ready)
+                        out->push_back(bf16_activations(Bf16Args{row(op.in, first), hrow(first), n - first, w.cols, width(op.in), h_stride()}));
+                } else if (s.quantize && !from_glu) {
                     out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
+                }
                 GemvArgs a;
                 for (int i = 0; i < s.n_parts; ++i) {
                     const Op& p = *s.parts[i];
@@ -587,6 +605,8 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 a.x_stride = width(op.in);
                 a.xq = from_glu ? reinterpret_cast<QBlock*>(qglu_.get()) : qrow(first);
                 a.xq_stride = q_stride();
+                a.xh = hbuf_ ? hrow(first) : nullptr;
+                a.xh_stride = h_stride();
                 a.accumulate = op.accumulate;
                 if (n == 1 && s.rope_step >= 0) {
                     const Step& r = steps_[static_cast<size_t>(s.rope_step)];
@@ -617,7 +637,8 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
             }
             case Step::Attention: {
                 const int64_t l = op.layer;
-                out->push_back(attention(kv_->type, AttentionArgs{row(op.in, 0), kv_->k(l), kv_->v(l), row(op.out, 0), s.q_out ? qrow(0) : nullptr,
+                const bool q_out = s.q_out && !takes_gemm(k + 1, n);
+                out->push_back(attention(kv_->type, AttentionArgs{row(op.in, 0), kv_->k(l), kv_->v(l), row(op.out, 0), q_out ? qrow(0) : nullptr,
                                                        q_stride(), n, &b->pos0, kv_->capacity[static_cast<size_t>(l)], op.window, kv_->slot_bytes,
                                                        static_cast<int32_t>(c_.n_head), static_cast<int32_t>(c_.n_head_kv),
                                                        static_cast<int32_t>(c_.head_dim), attn_partial_.get(), attn_done_.get()}));

@@ -48,6 +48,13 @@ void bind_cuda(nb::module_& m) {
         if (!info) throw std::invalid_argument("unknown tensor type id " + std::to_string(type_id));
         return cuda::gemv_wants_q8(info->type);
     }, nb::arg("type_id"), "Whether the CUDA GEMV of this type multiplies int8-quantized activations.");
+    m.def("cuda_matmul_activations", [](uint32_t type_id, int64_t n_tokens) {
+        auto info = tensor_type_info(type_id);
+        if (!info) throw std::invalid_argument("unknown tensor type id " + std::to_string(type_id));
+        return std::string(cuda::gemm_takes(info->type, n_tokens) ? "bf16" : cuda::gemv_wants_q8(info->type) ? "int8" : "float");
+    }, nb::arg("type_id"), nb::arg("n_tokens"),
+       "What the CUDA matmul of this type over n_tokens multiplies the weights with: 'bf16' (the tensor-core GEMM: weights and "
+       "activations rounded to bf16), 'int8' (activations quantized 32 per scale) or 'float'.");
 #else
     m.attr("cuda_built") = false;
     m.def("cuda_available", [] { return false; }, "Whether this build has the CUDA backend and a CUDA device is present.");
