@@ -39,8 +39,8 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type):
     32 on), whether RoPE and the KV write are a kernel of their own (steps of several tokens) or
     done by the GEMVs of Q, K and V as they store them (one token, llama's adjacent pairs), and
     whether gate·up's int8 copy comes from the quantize kernel or from its own GEMV (one token).
-    (From 16 tokens on, prefill takes the tensor-core GEMM and the tiled attention: the same
-    int8 products, summed in another order.)"""
+    (From 16 tokens on, prefill takes the tensor-core GEMM, on bf16 weights and activations,
+    and the tiled attention: other arithmetic, checked against float64 and the CPU backend.)"""
     from edgerunner.model_builder import write_random_model
 
     path = tmp_path / "m.gguf"

@@ -12,8 +12,8 @@
 //                     launches the same kernels pointing at their table entries;
 //   recorded          the whole one-token step captured once as a CUDA graph and replayed;
 //                     generation chains three sampled steps in flight (chain_push / chain_pop).
-// Prefill steps (several tokens) run eagerly in every mode; their int8 matmuls take the
-// tensor-core GEMM (gemm.cu).
+// Prefill steps (several tokens) run eagerly in every mode; from 16 tokens on their quantized
+// matmuls take the tensor-core GEMM (gemm.cu), which reads a bf16 copy of its input.
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -398,7 +398,7 @@ private:
     float* row(Buf b, int64_t t) const { return arena_.get() + offset_[static_cast<int>(b)] + t * width_[static_cast<int>(b)]; }
     int64_t width(Buf b) const { return width_[static_cast<int>(b)]; }
     // QBlocks per row of the int8 buffer: the widest input's, rounded up so that rows start on
-    // 16-byte boundaries (the tensor-core GEMM copies whole lines)
+    // 16-byte boundaries
     int64_t q_stride() const { return (widest_ / 32 + 3) / 4 * 4; }
     QBlock* qrow(int64_t t) const {
         return reinterpret_cast<QBlock*>(qbuf_.get() + static_cast<size_t>(t * q_stride()) * qblock_bytes());
