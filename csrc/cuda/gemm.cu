@@ -1,7 +1,7 @@
 // Prefill matmuls on the tensor cores: Y = W · X for a chunk of tokens, bf16 mma.m16n8k16 into
 // float accumulators. The weights are turned into bf16 operands in registers straight from their
 // raw blocks (quant_mma.cuh: the integer part exactly, then the unit's scale and offset, one
-// rounding), the activations are a bf16 copy of the input (to_bf16, gemv.cu), so no float
+// rounding: to_bf16), the activations a bf16 copy of the input (bf16_activations, gemv.cu), so no float
 // weights are written anywhere and the accumulators need no per-block scaling. A block of 8
 // warps computes 128 weight rows × 64 tokens; the K dimension goes 128 elements a tile, each
 // tile's raw weight bytes (the 32-element blocks it spans, or the whole super-block that holds
