@@ -192,18 +192,21 @@ def test_missing_file_and_directory(tmp_path):
 # ---------------------------------------------------------------- hostile input
 
 _counter = [0]
+_scratch: list = []  # this module's pytest temp folder, set by the fixture below
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _scratch_dir(tmp_path_factory):
+    _scratch.append(tmp_path_factory.mktemp("hostile"))
+    yield
+    _scratch.pop()
 
 
 def _write(data: bytes) -> str:
-    import tempfile
-    import os
-
     _counter[0] += 1
-    d = tempfile.mkdtemp(prefix="edgerunner-gguf-")
-    path = os.path.join(d, f"m{_counter[0]}.gguf")
-    with open(path, "wb") as f:
-        f.write(data)
-    return path
+    path = _scratch[-1] / f"m{_counter[0]}.gguf"
+    path.write_bytes(data)
+    return str(path)
 
 
 def expect_error(data: bytes, field: str, offset: int | None, message: str):
