@@ -42,14 +42,14 @@ __device__ __forceinline__ __nv_bfloat162 bf16x2(uint32_t r) {
     return v;
 }
 
-// Four bytes of a unit (elements e..e+3, UnitBytes) as bf16 weights, pairs (e, e+1) and
-// (e+2, e+3): s · (byte − kBias) + m, the integer part exact, then one rounding (a multiply,
-// or a fused multiply-add). A byte placed under the bits 0x43 is the bf16 128 + byte for bytes
-// below 128: less 128 + kBias is the integer. A signed byte b: its low seven bits under 0x43
-// make 128 + (b & 127), its sign bit there makes 128 or 256 (it lands on the exponent's last
-// bit), and the difference of the two is b.
+// Four bytes of a unit (elements e..e+3: UnitScale's quants) as bf16 weights, pairs (e, e+1) and
+// (e+2, e+3): s · (byte − kBias) + m with s and m bf16 pairs, the integer part exact, then one
+// rounding (a multiply, or a fused multiply-add). A byte placed under the bits 0x43 is the bf16
+// 128 + byte for bytes below 128: less 128 + kBias is the integer. A signed byte b: its low seven
+// bits under 0x43 make 128 + (b & 127), its sign bit there makes 128 or 256 (it lands on the
+// exponent's last bit), and the difference of the two is b.
 template <class M>
-__device__ __forceinline__ void to_bf16(uint32_t q, float s, float m, uint32_t& w01, uint32_t& w23) {
+__device__ __forceinline__ void to_bf16(uint32_t q, uint32_t s, uint32_t m, uint32_t& w01, uint32_t& w23) {
     const uint32_t p01 = __byte_perm(q, 0x43434343u, 0x4140u), p23 = __byte_perm(q, 0x43434343u, 0x4342u);
     __nv_bfloat162 a, b;
     if constexpr (M::kSigned) {
@@ -60,16 +60,38 @@ __device__ __forceinline__ void to_bf16(uint32_t q, float s, float m, uint32_t& 
         a = __hsub2(bf16x2(p01), bias);
         b = __hsub2(bf16x2(p23), bias);
     }
-    const __nv_bfloat162 s2 = __float2bfloat162_rn(s);
     if constexpr (M::kMin) {
-        const __nv_bfloat162 m2 = __float2bfloat162_rn(m);
-        w01 = bits(__hfma2(a, s2, m2));
-        w23 = bits(__hfma2(b, s2, m2));
+        w01 = bits(__hfma2(a, bf16x2(s), bf16x2(m)));
+        w23 = bits(__hfma2(b, bf16x2(s), bf16x2(m)));
     } else {
-        w01 = bits(__hmul2(a, s2));
-        w23 = bits(__hmul2(b, s2));
+        w01 = bits(__hmul2(a, bf16x2(s)));
+        w23 = bits(__hmul2(b, bf16x2(s)));
     }
 }
+
+// A unit's scales as the bf16 pairs to_bf16 takes, kept in shared memory per row: s_lo, then
+// s_hi (kSplit), then m_lo (, m_hi) (kMin) — one to four words, read with one load.
+template <class M>
+struct ScaleRecord {
+    static constexpr int kWords = (M::kSplit ? 2 : 1) * (M::kMin ? 2 : 1);
+    static __device__ void store(uint32_t* to, const UnitScale& f) {
+        uint32_t w[4] = {bits(__float2bfloat162_rn(f.s_lo)), bits(__float2bfloat162_rn(f.s_hi)), bits(__float2bfloat162_rn(f.m_lo)),
+                         bits(__float2bfloat162_rn(f.m_hi))};
+        if constexpr (kWords == 1) *to = w[0];
+        if constexpr (kWords == 2) *reinterpret_cast<uint2*>(to) = M::kSplit ? make_uint2(w[0], w[1]) : make_uint2(w[0], w[2]);
+        if constexpr (kWords == 4) *reinterpret_cast<uint4*>(to) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    // (s_lo, s_hi, m_lo, m_hi)
+    static __device__ uint4 load(const uint32_t* from) {
+        if constexpr (kWords == 1) return make_uint4(*from, *from, 0, 0);
+        if constexpr (kWords == 4) return *reinterpret_cast<const uint4*>(from);
+        const uint2 v = *reinterpret_cast<const uint2*>(from);
+        return M::kSplit ? make_uint4(v.x, v.y, 0, 0) : make_uint4(v.x, v.x, v.y, v.y);
+    }
+};
+
+// Until the 64 threads of warp pair `id` (1..4: barrier 0 is __syncthreads') are here.
+__device__ __forceinline__ void pair_sync(int id) { asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory"); }
 
 // c += A · B for a 16×16 bf16 A (a0..a3: rows g and g + 8, k pairs 2t and 2t + 8) and 16×8 B (b0,
 // b1: k pairs 2t and 2t + 8 of column g).
@@ -91,8 +113,10 @@ struct Gemm {
     // distinct banks
     static constexpr int kTokStride = kTileUnits * 64 + 32;
     static constexpr int kStageBytes = kBM * kRowStride + kBN * kTokStride;
-    static constexpr int kStages = 2 * 3 * kStageBytes <= 220 * 1024 ? 3 : 2;  // as deep as two blocks per SM allow
-    static constexpr size_t kSmem = static_cast<size_t>(kStages) * kStageBytes;
+    using Rec = ScaleRecord<M>;
+    static constexpr int kRecBytes = kTileUnits * kBM * Rec::kWords * 4;  // the current tile's scale records
+    static constexpr int kStages = 2 * (3 * kStageBytes + kRecBytes) <= 220 * 1024 ? 3 : 2;  // as deep as two blocks per SM allow
+    static constexpr size_t kSmem = static_cast<size_t>(kStages) * kStageBytes + kRecBytes;
     static_assert(M::kUnits == 1 || M::kUnits % kTileUnits == 0, "a tile within one super-block");
 
     // Row slot s of block `bx` → (part, row), or part -1 past the end. Gated: warp w's slots are
@@ -166,17 +190,21 @@ struct Gemm {
             commit();
         }
 
-        // This thread's four weight rows (m-tile i: rows g, g + 8) in global memory: a staged tile
-        // lies at (row + tile offset) mod 16 in its slot, as the copy keeps the source's phase.
-        uintptr_t row_at[2][2];
+        // Where row slots are in global memory: a staged tile lies at (row + tile offset) mod 16 in
+        // its slot, as the copy keeps the source's phase. This thread multiplies four rows (m-tile
+        // i: slots g, g + 8 of the warp's 32) and decodes the scales of one (slot `lane`).
+        auto row_at = [&](int slot) {
+            int64_t r;
+            int p = slot_row(a, bx, slot, &r);
+            if (p < 0) p = 0, r = a.part[0].rows - 1;
+            return reinterpret_cast<uintptr_t>((p == 0 ? a.part[0].w : p == 1 ? a.part[1].w : a.part[2].w) + static_cast<size_t>(r) * a.row_bytes);
+        };
+        uintptr_t mine[2][2];
         for (int i = 0; i < 2; ++i)
-            for (int h = 0; h < 2; ++h) {
-                int64_t r;
-                int p = slot_row(a, bx, wm * 32 + i * 16 + g + 8 * h, &r);
-                if (p < 0) p = 0, r = a.part[0].rows - 1;
-                row_at[i][h] = reinterpret_cast<uintptr_t>((p == 0 ? a.part[0].w : p == 1 ? a.part[1].w : a.part[2].w) +
-                                                          static_cast<size_t>(r) * a.row_bytes);
-            }
+            for (int h = 0; h < 2; ++h) mine[i][h] = row_at(wm * 32 + i * 16 + g + 8 * h);
+        const uintptr_t scaled = row_at(wm * 32 + lane);
+        // the warp pair's scale records of the current tile: [unit][slot][word]
+        uint32_t* recs = reinterpret_cast<uint32_t*>(smem + kStages * kStageBytes) + wm * (kTileUnits * 32 * Rec::kWords);
 
         // Per unit, thread t of a quad holds elements 4t..4t+3 and 16+4t..16+4t+3 of its rows'
         // weights and of its tokens' activations: the mma's k pairs (2t, 2t+1), (2t+8, 2t+9) of the
@@ -194,6 +222,18 @@ struct Gemm {
             const int units = static_cast<int>(min(static_cast<int64_t>(kTileUnits), n_units - static_cast<int64_t>(k) * kTileUnits));
             const int64_t offset = tile_byte(k);
             const int u0 = tile_unit(k);
+            // The tile's scales, decoded once per row: this warp the units wn·2, wn·2 + 1 of slot
+            // `lane`, its pair the others. (The records of tile k − 1 are free: every warp has
+            // passed the barrier above.)
+            {
+                const uint8_t* row = sa + (wm * 32 + lane) * kRowStride + ((scaled + offset) & 15);
+#pragma unroll
+                for (int v = 0; v < kTileUnits / 2; ++v) {
+                    const int u = wn * (kTileUnits / 2) + v;
+                    if (u < units) Rec::store(recs + (u * 32 + lane) * Rec::kWords, M::scale(row, u0 + u));
+                }
+                pair_sync(1 + wm);
+            }
 #pragma unroll 2
             for (int u = 0; u < units; ++u) {
                 uint32_t w[2][2][4];  // [m-tile][row g, g + 8][elements 4t.., 4t+2.., 16+4t.., 16+4t+2..]
@@ -201,9 +241,11 @@ struct Gemm {
                 for (int i = 0; i < 2; ++i)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const UnitBytes f = M::load(sa + (wm * 32 + i * 16 + g + 8 * h) * kRowStride + ((row_at[i][h] + offset) & 15), u0 + u, t);
-                        to_bf16<M>(f.lo, f.s_lo, f.m_lo, w[i][h][0], w[i][h][1]);
-                        to_bf16<M>(f.hi, f.s_hi, f.m_hi, w[i][h][2], w[i][h][3]);
+                        const int slot = i * 16 + g + 8 * h;
+                        const uint2 q = M::quants(sa + (wm * 32 + slot) * kRowStride + ((mine[i][h] + offset) & 15), u0 + u, t);
+                        const uint4 r = Rec::load(recs + (u * 32 + slot) * Rec::kWords);  // s_lo, s_hi, m_lo, m_hi
+                        to_bf16<M>(q.x, r.x, r.z, w[i][h][0], w[i][h][1]);
+                        to_bf16<M>(q.y, r.y, r.w, w[i][h][2], w[i][h][3]);
                     }
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {

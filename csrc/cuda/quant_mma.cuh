@@ -1,18 +1,20 @@
-// The tensor-core GEMM's view of a weight block (gemm.cu). For unit u (32 elements) of a row and
-// thread t of a quad: elements 4t..4t+3 (`lo`) and 16+4t..16+4t+3 (`hi`) of the unit as four
-// bytes each, and the scale and offset of their half, so that
-//     weight = s · (byte − kBias) + m          (kSigned formats: the bytes are signed, no bias)
-// (lo: s_lo, m_lo; hi: s_hi, m_hi; m = 0 unless kMin; unsigned bytes below 128). The GEMM turns
-// them into bf16 mma operands (the integer parts exactly: at most 8 bits) and multiplies them
-// with bf16 activations; no float weights are written anywhere.
+// The tensor-core GEMM's view of a weight block (gemm.cu). For unit u (32 elements) of a row:
+//   scale(tile, u)      its halves' scales and offsets (elements 0..15: s_lo, m_lo; 16..31: s_hi,
+//                       m_hi), decoded once per tile and row (the GEMM keeps them as bf16 pairs
+//                       in shared memory for the warps that multiply that row);
+//   quants(tile, u, t)  for thread t of a quad, elements 4t..4t+3 (x) and 16+4t..16+4t+3 (y) as
+//                       four bytes each,
+// so that   weight = s · (byte − kBias) + m    (kSigned formats: the bytes are signed, no bias;
+// m = 0 unless kMin; s_hi = s_lo and m_hi = m_lo unless kSplit; unsigned bytes below 128). The
+// GEMM turns them into bf16 mma operands (the integer parts exactly: at most 8 bits) and
+// multiplies them with bf16 activations; no float weights are written anywhere.
 #pragma once
 
 #include "quant_dot.cuh"
 
 namespace edgerunner::cuda {
 
-struct UnitBytes {
-    uint32_t lo, hi;
+struct UnitScale {
     float s_lo, s_hi, m_lo, m_hi;
 };
 
@@ -34,106 +36,113 @@ __device__ __forceinline__ float exact_float(int v) { return __int_as_float(0x4B
 // Formats of one 32-element block per unit: `tile` holds whole blocks, unit u is block u.
 template <>
 struct MmaUnit<TensorType::Q4_0> {
-    static constexpr bool kFast = true, kMin = false, kSigned = false;
+    static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = false;
     static constexpr int kBias = 8, kUnits = 1;
     using Block = block_q4_0;
-    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
-        const Block& b = reinterpret_cast<const Block*>(tile)[u];
-        const uint32_t w = ld32(b.qs + 4 * t);
-        const float d = h2f(b.d);
-        return {w & kLowNibbles, w >> 4 & kLowNibbles, d, d, 0.0f, 0.0f};
+    static __device__ UnitScale scale(const uint8_t* tile, int u) {
+        const float d = h2f(reinterpret_cast<const Block*>(tile)[u].d);
+        return {d, d, 0.0f, 0.0f};
+    }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
+        const uint32_t w = ld32(reinterpret_cast<const Block*>(tile)[u].qs + 4 * t);
+        return {w & kLowNibbles, w >> 4 & kLowNibbles};
     }
 };
 
 template <>
 struct MmaUnit<TensorType::Q4_1> {
-    static constexpr bool kFast = true, kMin = true, kSigned = false;
+    static constexpr bool kFast = true, kMin = true, kSplit = false, kSigned = false;
     static constexpr int kBias = 0, kUnits = 1;
     using Block = block_q4_1;
-    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
+    static __device__ UnitScale scale(const uint8_t* tile, int u) {
         const Block& b = reinterpret_cast<const Block*>(tile)[u];
-        const uint32_t w = ld32a(b.qs + 4 * t);  // (20-byte blocks)
         const float d = h2f(b.d), m = h2f(b.m);
-        return {w & kLowNibbles, w >> 4 & kLowNibbles, d, d, m, m};
+        return {d, d, m, m};
+    }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
+        const uint32_t w = ld32a(reinterpret_cast<const Block*>(tile)[u].qs + 4 * t);  // (20-byte blocks)
+        return {w & kLowNibbles, w >> 4 & kLowNibbles};
     }
 };
 
 // Q5_0 / Q5_1: the fifth bit of element j is bit j of qh (Q5_1's 24-byte blocks: aligned loads).
 template <typename Block, bool kAligned>
-__device__ __forceinline__ void q5_words(const Block& b, int t, uint32_t* lo, uint32_t* hi) {
+__device__ __forceinline__ uint2 q5_words(const Block& b, int t) {
     const uint32_t w = kAligned ? ld32a(b.qs + 4 * t) : ld32(b.qs + 4 * t), qh = kAligned ? ld32a(b.qh) : ld32(b.qh);
-    *lo = (w & kLowNibbles) | static_cast<uint32_t>(spread4(qh >> (4 * t)));
-    *hi = (w >> 4 & kLowNibbles) | static_cast<uint32_t>(spread4(qh >> (16 + 4 * t)));
+    return {(w & kLowNibbles) | static_cast<uint32_t>(spread4(qh >> (4 * t))),
+            (w >> 4 & kLowNibbles) | static_cast<uint32_t>(spread4(qh >> (16 + 4 * t)))};
 }
 
 template <>
 struct MmaUnit<TensorType::Q5_0> {
-    static constexpr bool kFast = true, kMin = false, kSigned = false;
+    static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = false;
     static constexpr int kBias = 16, kUnits = 1;
     using Block = block_q5_0;
-    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
-        const Block& b = reinterpret_cast<const Block*>(tile)[u];
-        UnitBytes f;
-        q5_words<Block, false>(b, t, &f.lo, &f.hi);
-        f.s_lo = f.s_hi = h2f(b.d);
-        f.m_lo = f.m_hi = 0.0f;
-        return f;
+    static __device__ UnitScale scale(const uint8_t* tile, int u) {
+        const float d = h2f(reinterpret_cast<const Block*>(tile)[u].d);
+        return {d, d, 0.0f, 0.0f};
     }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) { return q5_words<Block, false>(reinterpret_cast<const Block*>(tile)[u], t); }
 };
 
 template <>
 struct MmaUnit<TensorType::Q5_1> {
-    static constexpr bool kFast = true, kMin = true, kSigned = false;
+    static constexpr bool kFast = true, kMin = true, kSplit = false, kSigned = false;
     static constexpr int kBias = 0, kUnits = 1;
     using Block = block_q5_1;
-    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
+    static __device__ UnitScale scale(const uint8_t* tile, int u) {
         const Block& b = reinterpret_cast<const Block*>(tile)[u];
-        UnitBytes f;
-        q5_words<Block, true>(b, t, &f.lo, &f.hi);
-        f.s_lo = f.s_hi = h2f(b.d);
-        f.m_lo = f.m_hi = h2f(b.m);
-        return f;
+        const float d = h2f(b.d), m = h2f(b.m);
+        return {d, d, m, m};
     }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) { return q5_words<Block, true>(reinterpret_cast<const Block*>(tile)[u], t); }
 };
 
 template <>
 struct MmaUnit<TensorType::Q8_0> {
-    static constexpr bool kFast = true, kMin = false, kSigned = true;
+    static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = true;
     static constexpr int kBias = 0, kUnits = 1;
     using Block = block_q8_0;
-    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
-        const Block& b = reinterpret_cast<const Block*>(tile)[u];
-        const uint8_t* q = reinterpret_cast<const uint8_t*>(b.qs);
-        const float d = h2f(b.d);
-        return {ld32(q + 4 * t), ld32(q + 16 + 4 * t), d, d, 0.0f, 0.0f};
+    static __device__ UnitScale scale(const uint8_t* tile, int u) {
+        const float d = h2f(reinterpret_cast<const Block*>(tile)[u].d);
+        return {d, d, 0.0f, 0.0f};
+    }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
+        const uint8_t* q = reinterpret_cast<const uint8_t*>(reinterpret_cast<const Block*>(tile)[u].qs);
+        return {ld32(q + 4 * t), ld32(q + 16 + 4 * t)};
     }
 };
 
 // IQ4_NL / IQ4_XS: the code book's values of the indices (iq4_values), signed bytes.
 template <>
 struct MmaUnit<TensorType::IQ4_NL> {
-    static constexpr bool kFast = true, kMin = false, kSigned = true;
+    static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = true;
     static constexpr int kBias = 0, kUnits = 1;
     using Block = block_iq4_nl;
-    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
-        const Block& b = reinterpret_cast<const Block*>(tile)[u];
-        const int2 v = iq4_values(ld32(b.qs + 4 * t));
-        const float d = h2f(b.d);
-        return {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y), d, d, 0.0f, 0.0f};
+    static __device__ UnitScale scale(const uint8_t* tile, int u) {
+        const float d = h2f(reinterpret_cast<const Block*>(tile)[u].d);
+        return {d, d, 0.0f, 0.0f};
+    }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
+        const int2 v = iq4_values(ld32(reinterpret_cast<const Block*>(tile)[u].qs + 4 * t));
+        return {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y)};
     }
 };
 
 // Super-block formats (256 elements): `tile` holds the super-block, unit u is its sub-block u.
 template <>
 struct MmaUnit<TensorType::IQ4_XS> {
-    static constexpr bool kFast = true, kMin = false, kSigned = true;
+    static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = true;
     static constexpr int kBias = 0, kUnits = 8;
     using Block = block_iq4_xs;
-    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
+    static __device__ UnitScale scale(const uint8_t* tile, int u) {
         const Block& b = *reinterpret_cast<const Block*>(tile);
-        const int2 v = iq4_values(ld32a(b.qs + 16 * u + 4 * t));  // (136-byte blocks)
         const float d = h2f(b.d) * exact_float(iq4_xs_scale(b, u));
-        return {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y), d, d, 0.0f, 0.0f};
+        return {d, d, 0.0f, 0.0f};
+    }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
+        const int2 v = iq4_values(ld32a(reinterpret_cast<const Block*>(tile)->qs + 16 * u + 4 * t));  // (136-byte blocks)
+        return {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y)};
     }
 };
 
@@ -142,17 +151,19 @@ struct MmaUnit<TensorType::IQ4_XS> {
 // weight = d·sc·q − dmin·m.
 template <>
 struct MmaUnit<TensorType::Q2_K> {
-    static constexpr bool kFast = true, kMin = true, kSigned = false;
+    static constexpr bool kFast = true, kMin = true, kSplit = true, kSigned = false;
     static constexpr int kBias = 0, kUnits = 8;
     using Block = block_q2_K;
-    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
+    static __device__ UnitScale scale(const uint8_t* tile, int u) {
         const Block& b = *reinterpret_cast<const Block*>(tile);
-        const uint8_t* q = b.qs + (u / 4) * 32;
-        const int shift = 2 * (u % 4);
         const float d = h2f(b.d), dmin = h2f(b.dmin);
         const int s0 = b.scales[2 * u], s1 = b.scales[2 * u + 1];
-        return {ld32a(q + 4 * t) >> shift & 0x03030303u, ld32a(q + 16 + 4 * t) >> shift & 0x03030303u, d * exact_float(s0 & 0xF),
-                d * exact_float(s1 & 0xF), -dmin * exact_float(s0 >> 4), -dmin * exact_float(s1 >> 4)};  // (84-byte blocks)
+        return {d * exact_float(s0 & 0xF), d * exact_float(s1 & 0xF), -dmin * exact_float(s0 >> 4), -dmin * exact_float(s1 >> 4)};
+    }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
+        const uint8_t* q = reinterpret_cast<const Block*>(tile)->qs + (u / 4) * 32;
+        const int shift = 2 * (u % 4);
+        return {ld32a(q + 4 * t) >> shift & 0x03030303u, ld32a(q + 16 + 4 * t) >> shift & 0x03030303u};  // (84-byte blocks)
     }
 };
 
@@ -160,69 +171,84 @@ struct MmaUnit<TensorType::Q2_K> {
 // hmask[l] is set, − 4; the two sub-blocks' 6-bit scales − 32.
 template <>
 struct MmaUnit<TensorType::Q3_K> {
-    static constexpr bool kFast = true, kMin = false, kSigned = false;
+    static constexpr bool kFast = true, kMin = false, kSplit = true, kSigned = false;
     static constexpr int kBias = 4, kUnits = 8;
     using Block = block_q3_K;
-    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
+    static __device__ UnitScale scale(const uint8_t* tile, int u) {
+        const Block& b = *reinterpret_cast<const Block*>(tile);
+        const float d = h2f(b.d);
+        return {d * exact_float(q3_k_scale(b, 2 * u)), d * exact_float(q3_k_scale(b, 2 * u + 1)), 0.0f, 0.0f};
+    }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
         const Block& b = *reinterpret_cast<const Block*>(tile);
         const uint8_t* q = b.qs + (u / 4) * 32;
         const int shift = 2 * (u % 4);
         auto word = [&](int l) { return (ld32(q + l) >> shift & 0x03030303u) | (ld32(b.hmask + l) >> u & 0x01010101u) << 2; };
-        const float d = h2f(b.d);
-        return {word(4 * t), word(16 + 4 * t), d * exact_float(q3_k_scale(b, 2 * u)), d * exact_float(q3_k_scale(b, 2 * u + 1)), 0.0f, 0.0f};
+        return {word(4 * t), word(16 + 4 * t)};
     }
 };
 
 // Q4_K / Q5_K: unit u = sub-block u, elements l = nibble u % 2 of qs[(u / 2)·32 + l] (+ bit u of
 // qh[l] as the fifth bit, Q5_K); weight = d·sc·q − dmin·m.
-template <typename Block, bool kFiveBit>
-__device__ __forceinline__ UnitBytes q45_k_bytes(const uint8_t* tile, int u, int t) {
+template <typename Block>
+__device__ __forceinline__ UnitScale k_scale(const uint8_t* tile, int u) {
     const Block& b = *reinterpret_cast<const Block*>(tile);
     int sc, m;
     k_scale_min(b.scales, u, &sc, &m);
+    const float s = h2f(b.d) * exact_float(sc), mn = -h2f(b.dmin) * exact_float(m);
+    return {s, s, mn, mn};
+}
+template <typename Block, bool kFiveBit>
+__device__ __forceinline__ uint2 q45_k_words(const uint8_t* tile, int u, int t) {
+    const Block& b = *reinterpret_cast<const Block*>(tile);
     const uint8_t* q = b.qs + (u / 2) * 32;
     const int shift = 4 * (u % 2);
-    uint32_t lo = ld32a(q + 4 * t) >> shift & kLowNibbles, hi = ld32a(q + 16 + 4 * t) >> shift & kLowNibbles;  // (144 / 176-byte blocks)
+    uint2 w = {ld32a(q + 4 * t) >> shift & kLowNibbles, ld32a(q + 16 + 4 * t) >> shift & kLowNibbles};  // (144 / 176-byte blocks)
     if constexpr (kFiveBit) {
-        lo |= (ld32a(b.qh + 4 * t) >> u & 0x01010101u) << 4;
-        hi |= (ld32a(b.qh + 16 + 4 * t) >> u & 0x01010101u) << 4;
+        w.x |= (ld32a(b.qh + 4 * t) >> u & 0x01010101u) << 4;
+        w.y |= (ld32a(b.qh + 16 + 4 * t) >> u & 0x01010101u) << 4;
     }
-    const float s = h2f(b.d) * exact_float(sc), mn = -h2f(b.dmin) * exact_float(m);
-    return {lo, hi, s, s, mn, mn};
+    return w;
 }
 
 template <>
 struct MmaUnit<TensorType::Q4_K> {
-    static constexpr bool kFast = true, kMin = true, kSigned = false;
+    static constexpr bool kFast = true, kMin = true, kSplit = false, kSigned = false;
     static constexpr int kBias = 0, kUnits = 8;
     using Block = block_q4_K;
-    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) { return q45_k_bytes<Block, false>(tile, u, t); }
+    static __device__ UnitScale scale(const uint8_t* tile, int u) { return k_scale<Block>(tile, u); }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) { return q45_k_words<Block, false>(tile, u, t); }
 };
 
 template <>
 struct MmaUnit<TensorType::Q5_K> {
-    static constexpr bool kFast = true, kMin = true, kSigned = false;
+    static constexpr bool kFast = true, kMin = true, kSplit = false, kSigned = false;
     static constexpr int kBias = 0, kUnits = 8;
     using Block = block_q5_K;
-    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) { return q45_k_bytes<Block, true>(tile, u, t); }
+    static __device__ UnitScale scale(const uint8_t* tile, int u) { return k_scale<Block>(tile, u); }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) { return q45_k_words<Block, true>(tile, u, t); }
 };
 
 // Q6_K: unit u = h·4 + s, elements l: low nibble of ql[h·64 + (s % 2)·32 + l] (high nibble for
 // s ≥ 2), two bits at 2s of qh[h·32 + l], − 32; scales[h·8 + s·2] for l < 16, the next above.
 template <>
 struct MmaUnit<TensorType::Q6_K> {
-    static constexpr bool kFast = true, kMin = false, kSigned = false;
+    static constexpr bool kFast = true, kMin = false, kSplit = true, kSigned = false;
     static constexpr int kBias = 32, kUnits = 8;
     using Block = block_q6_K;
-    static __device__ UnitBytes load(const uint8_t* tile, int u, int t) {
+    static __device__ UnitScale scale(const uint8_t* tile, int u) {
+        const Block& b = *reinterpret_cast<const Block*>(tile);
+        const float d = h2f(b.d);
+        return {d * exact_float(b.scales[2 * u]), d * exact_float(b.scales[2 * u + 1]), 0.0f, 0.0f};
+    }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
         const Block& b = *reinterpret_cast<const Block*>(tile);
         const int h = u / 4, s = u % 4;
         const uint8_t* ql = b.ql + h * 64 + (s % 2) * 32;
         const uint8_t* qh = b.qh + h * 32;
         const int shift = 4 * (s / 2);
         auto word = [&](int l) { return (ld32(ql + l) >> shift & kLowNibbles) | (ld32(qh + l) >> (2 * s) & 0x03030303u) << 4; };
-        const float d = h2f(b.d);
-        return {word(4 * t), word(16 + 4 * t), d * exact_float(b.scales[h * 8 + s * 2]), d * exact_float(b.scales[h * 8 + s * 2 + 1]), 0.0f, 0.0f};
+        return {word(4 * t), word(16 + 4 * t)};
     }
 };
 
