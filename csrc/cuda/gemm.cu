@@ -2,13 +2,15 @@
 // float accumulators. The weights are turned into bf16 operands in registers straight from their
 // raw blocks (quant_mma.cuh: the integer part exactly, then the unit's scale and offset, one
 // rounding: to_bf16), the activations a bf16 copy of the input (bf16_activations, gemv.cu), so no float
-// weights are written anywhere and the accumulators need no per-block scaling. A block of 8
-// warps computes 128 weight rows × 64 tokens; the K dimension goes 128 elements a tile, each
-// tile's raw weight bytes (the 32-element blocks it spans, or the whole super-block that holds
-// it) and bf16 activations copied by cp.async into a ring of shared-memory stages while the
-// previous tile is multiplied. Same fusions as the GEMV: several matrices sharing an input
-// (rows numbered across them), the gated pair (a warp holds a gate row and its up row:
-// act(gate)·up on the way out), the residual added, a bias.
+// weights are written anywhere and the accumulators need no per-block scaling. A block
+// computes 128 weight rows × 64 tokens: 4 warps of 32 rows × all 64 tokens (a weight converted
+// once serves 64 tokens), or 8 warps of 32 rows × 32 tokens where the blocks are too few to fill
+// the GPU. The K dimension goes 128 elements a tile, each tile's raw weight bytes (the 32-element
+// blocks it spans, or the whole super-block that holds it) and bf16 activations copied by
+// cp.async into a ring of shared-memory stages while the previous tile is multiplied; the tile's
+// scales are decoded once per row into shared memory. Same fusions as the GEMV: several
+// matrices sharing an input (rows numbered across them), the gated pair (a warp holds a gate row
+// and its up row: act(gate)·up on the way out), the residual added, a bias.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -25,8 +27,7 @@
 namespace edgerunner::cuda {
 namespace {
 
-constexpr int kBM = 128, kBN = 64;  // weight row slots × tokens per block
-constexpr int kThreads = 256;       // 8 warps: 4 along the rows (32 slots each) × 2 along the tokens (32 each)
+constexpr int kBM = 128, kBN = 64;  // weight row slots × tokens per block; warps of 32 slots
 constexpr int kTileUnits = 4;       // 32-element units per K tile
 
 constexpr int pad_stride(int bytes) { return (bytes + 31) / 32 * 32 + 16; }  // an odd number of 16-byte lines
@@ -90,9 +91,6 @@ struct ScaleRecord {
     }
 };
 
-// Until the 64 threads of warp pair `id` (1..4: barrier 0 is __syncthreads') are here.
-__device__ __forceinline__ void pair_sync(int id) { asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory"); }
-
 // c += A · B for a 16×16 bf16 A (a0..a3: rows g and g + 8, k pairs 2t and 2t + 8) and 16×8 B (b0,
 // b1: k pairs 2t and 2t + 8 of column g).
 __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -101,11 +99,15 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-template <TensorType T>
+// kSplit warps share a block's 64 tokens: 1 (4 warps, each 32 slots × 64 tokens: a weight
+// converted once serves 64 tokens) for matrices with blocks enough to fill the GPU, 2 (8 warps of
+// 32 × 32: twice the warps on the same blocks) for small ones.
+template <TensorType T, int kSplit>
 struct Gemm {
     using Args = GemvArgs;
     using M = MmaUnit<T>;
-    static constexpr int kBlockThreads = kThreads, kMinBlocks = 2;  // two blocks per SM: registers capped at 128
+    static constexpr int kWarpTokens = kBN / kSplit, kThreads = 128 * kSplit;
+    static constexpr int kBlockThreads = kThreads, kMinBlocks = kSplit == 1 ? 3 : 2;  // registers capped at 168, 128
     static constexpr int kBlockBytes = sizeof(typename M::Block);
     static constexpr int kRawBytes = (M::kUnits == 1 ? kTileUnits : 1) * kBlockBytes;  // a row's staged bytes per tile
     static constexpr int kRowStride = pad_stride(kRawBytes + 15);  // + room to start on the source's 16-byte phase
@@ -114,8 +116,8 @@ struct Gemm {
     static constexpr int kTokStride = kTileUnits * 64 + 32;
     static constexpr int kStageBytes = kBM * kRowStride + kBN * kTokStride;
     using Rec = ScaleRecord<M>;
-    static constexpr int kRecBytes = kTileUnits * kBM * Rec::kWords * 4;  // the current tile's scale records
-    static constexpr int kStages = 2 * (3 * kStageBytes + kRecBytes) <= 220 * 1024 ? 3 : 2;  // as deep as two blocks per SM allow
+    static constexpr int kRecBytes = kSplit * kTileUnits * kBM * Rec::kWords * 4;  // each warp's scale records of the current tile
+    static constexpr int kStages = kMinBlocks * (3 * kStageBytes + kRecBytes) <= 220 * 1024 ? 3 : 2;  // as deep as kMinBlocks per SM allow
     static constexpr size_t kSmem = static_cast<size_t>(kStages) * kStageBytes + kRecBytes;
     static_assert(M::kUnits == 1 || M::kUnits % kTileUnits == 0, "a tile within one super-block");
 
@@ -148,17 +150,19 @@ struct Gemm {
         allow_next();
         const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
         const int g = lane / 4, t = lane % 4;
-        const int wm = warp % 4, wn = warp / 4;
-        const int64_t bx = blockIdx.x, n0 = static_cast<int64_t>(blockIdx.y) * kBN;
+        const int wm = warp % 4, wn = warp / 4;  // the warp's 32 slots and its share of the tokens
+        // blocks in launch order: the token blocks of a row block, then the next rows (a weight
+        // row block is read from memory once while its token blocks run, then from L2)
+        const int64_t bx = blockIdx.y, n0 = static_cast<int64_t>(blockIdx.x) * kBN;
         const int64_t n_units = a.cols / 32;
         const int n_tiles = static_cast<int>((n_units + kTileUnits - 1) / kTileUnits);
 
-        // Copy duties: two threads per row slot; the tokens' pieces in turn (rows and tokens past
-        // the end copy the last valid one: their results are never stored).
+        // Copy duties: kSplit threads per row slot; the tokens' pieces in turn (rows and tokens
+        // past the end copy the last valid one: their results are never stored).
         const uint8_t* my_row;
         {
             int64_t r;
-            int p = slot_row(a, bx, tid / 2, &r);
+            int p = slot_row(a, bx, tid / kSplit, &r);
             if (p < 0) p = 0, r = a.part[0].rows - 1;  // a valid row to copy
             my_row = (p == 0 ? a.part[0].w : p == 1 ? a.part[1].w : a.part[2].w) + static_cast<size_t>(r) * a.row_bytes;
         }
@@ -167,7 +171,7 @@ struct Gemm {
             if (k >= n_tiles) return;
             const int64_t units = min(static_cast<int64_t>(kTileUnits), n_units - static_cast<int64_t>(k) * kTileUnits);
             const int64_t bytes = M::kUnits == 1 ? units * kBlockBytes : kBlockBytes;
-            stage_copy(stage(k) + (tid / 2) * kRowStride, my_row + tile_byte(k), static_cast<size_t>(bytes), tid % 2, 2);
+            stage_copy(stage(k) + (tid / kSplit) * kRowStride, my_row + tile_byte(k), static_cast<size_t>(bytes), tid % kSplit, kSplit);
         };
         constexpr int kTokPieces = kTileUnits * 4;  // 16-byte pieces of a token's tile
         auto copy_tokens = [&](int k) {
@@ -203,14 +207,14 @@ struct Gemm {
         for (int i = 0; i < 2; ++i)
             for (int h = 0; h < 2; ++h) mine[i][h] = row_at(wm * 32 + i * 16 + g + 8 * h);
         const uintptr_t scaled = row_at(wm * 32 + lane);
-        // the warp pair's scale records of the current tile: [unit][slot][word]
-        uint32_t* recs = reinterpret_cast<uint32_t*>(smem + kStages * kStageBytes) + wm * (kTileUnits * 32 * Rec::kWords);
+        // the warp's scale records of the current tile: [unit][slot][word]
+        uint32_t* recs = reinterpret_cast<uint32_t*>(smem + kStages * kStageBytes) + warp * (kTileUnits * 32 * Rec::kWords);
 
         // Per unit, thread t of a quad holds elements 4t..4t+3 and 16+4t..16+4t+3 of its rows'
         // weights and of its tokens' activations: the mma's k pairs (2t, 2t+1), (2t+8, 2t+9) of the
         // first k16 step are elements (4t, 4t+1), (4t+2, 4t+3), those of the second the same + 16 —
         // one permutation of the unit's 32 elements, the same for both operands.
-        float acc[2][4][4] = {};  // [m-tile][n-tile][c element]
+        float acc[2][kWarpTokens / 8][4] = {};  // [m-tile][n-tile][c element]
         for (int k = 0; k < n_tiles; ++k) {
             wait_pending<kStages - 2>();
             __syncthreads();  // tile k is in for every thread, and tile k - 1's stage is free
@@ -222,17 +226,14 @@ struct Gemm {
             const int units = static_cast<int>(min(static_cast<int64_t>(kTileUnits), n_units - static_cast<int64_t>(k) * kTileUnits));
             const int64_t offset = tile_byte(k);
             const int u0 = tile_unit(k);
-            // The tile's scales, decoded once per row: this warp the units wn·2, wn·2 + 1 of slot
-            // `lane`, its pair the others. (The records of tile k − 1 are free: every warp has
-            // passed the barrier above.)
+            // The tile's scales, decoded once per row: lane l those of slot l. (Tile k − 1's records
+            // are free: the warp has passed the barrier above.)
             {
                 const uint8_t* row = sa + (wm * 32 + lane) * kRowStride + ((scaled + offset) & 15);
 #pragma unroll
-                for (int v = 0; v < kTileUnits / 2; ++v) {
-                    const int u = wn * (kTileUnits / 2) + v;
+                for (int u = 0; u < kTileUnits; ++u)
                     if (u < units) Rec::store(recs + (u * 32 + lane) * Rec::kWords, M::scale(row, u0 + u));
-                }
-                pair_sync(1 + wm);
+                __syncwarp();
             }
 #pragma unroll 2
             for (int u = 0; u < units; ++u) {
@@ -248,8 +249,8 @@ struct Gemm {
                         to_bf16<M>(q.y, r.y, r.w, w[i][h][2], w[i][h][3]);
                     }
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const uint8_t* x = sb + (wn * 32 + j * 8 + g) * kTokStride + u * 64 + 8 * t;
+                for (int j = 0; j < kWarpTokens / 8; ++j) {
+                    const uint8_t* x = sb + (wn * kWarpTokens + j * 8 + g) * kTokStride + u * 64 + 8 * t;
                     const uint2 lo = *reinterpret_cast<const uint2*>(x), hi = *reinterpret_cast<const uint2*>(x + 32);
 #pragma unroll
                     for (int i = 0; i < 2; ++i) {
@@ -261,7 +262,7 @@ struct Gemm {
         }
 
         // Out: element e of (m-tile i, n-tile j) is row slot wm·32 + i·16 + g + 8·(e / 2), token
-        // wn·32 + j·8 + 2t + e % 2.
+        // wn·kWarpTokens + j·8 + 2t + e % 2.
         const bool gated = a.glu != Glu::None;
 #pragma unroll
         for (int i = 0; i < 2; ++i)
@@ -274,10 +275,10 @@ struct Gemm {
                 const GemvPart& part = p == 0 ? a.part[0] : p == 1 ? a.part[1] : a.part[2];
                 const float bias = part.bias ? part.bias[r] : 0.0f;
 #pragma unroll
-                for (int j = 0; j < 4; ++j)
+                for (int j = 0; j < kWarpTokens / 8; ++j)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const int64_t tok = n0 + wn * 32 + j * 8 + 2 * t + e;
+                        const int64_t tok = n0 + wn * kWarpTokens + j * 8 + 2 * t + e;
                         if (tok >= a.n_tokens) continue;
                         float v = acc[i][j][2 * h + e];
                         if (gated) v = gate_act(a.glu, v) * acc[1][j][2 * h + e];
@@ -289,16 +290,25 @@ struct Gemm {
     }
 };
 
-template <TensorType T>
-Launch launch(const GemvArgs& a) {
-    using K = Gemm<T>;
+template <TensorType T, int kSplit>
+Launch launch(const GemvArgs& a, dim3 grid) {
+    using K = Gemm<T, kSplit>;
     static const bool sized = allow_smem<K>(K::kSmem);
     (void)sized;
+    return make_launch<K>(grid, dim3(K::kThreads), a, K::kSmem);
+}
+
+template <TensorType T>
+Launch launch(const GemvArgs& a) {
     const int64_t rows = a.glu != Glu::None ? a.part[0].rows
                                             : a.part[0].rows + (a.n_parts > 1 ? a.part[1].rows : 0) + (a.n_parts > 2 ? a.part[2].rows : 0);
     const int64_t per_block = a.glu != Glu::None ? kBM / 2 : kBM;
-    return make_launch<K>(dim3(static_cast<unsigned>((rows + per_block - 1) / per_block), static_cast<unsigned>((a.n_tokens + kBN - 1) / kBN)),
-                          dim3(kThreads), a, K::kSmem);
+    const dim3 grid(static_cast<unsigned>((a.n_tokens + kBN - 1) / kBN), static_cast<unsigned>((rows + per_block - 1) / per_block));
+    // Four warps a block where the blocks fill the GPU one and a half times or more, else eight
+    // (measured on the H200, 132 SMs: 8B's 256-block down and output projections gain from four,
+    // 1B's 192-block QKV and SmolLM2's 192-block gate·up lose)
+    const bool wide = static_cast<int64_t>(grid.x) * grid.y * 2 >= 3 * static_cast<int64_t>(sm_count());
+    return wide ? launch<T, 1>(a, grid) : launch<T, 2>(a, grid);
 }
 
 }  // namespace

@@ -395,8 +395,7 @@ bool gemv_wants_q8(TensorType type) {
     }
 }
 
-// Streaming multiprocessors of the current device.
-static int sm_count() {
+int sm_count() {
     static const int count = [] {
         int device = 0, n = 0;
         return cudaGetDevice(&device) == cudaSuccess && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? n : 0;

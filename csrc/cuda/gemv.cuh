@@ -65,6 +65,9 @@ struct GemvArgs {
 // eight tokens per weight load).
 Launch gemv(TensorType type, const GemvArgs& args);
 
+// Streaming multiprocessors of the current device (asked once).
+int sm_count();
+
 // The tensor-core GEMM (gemm.cu), where gemm_takes (cuda.h): it reads the bf16 activations
 // (GemvArgs::xh, rows on 16-byte boundaries: xh and xh_stride · 2 multiples of 16).
 Launch gemm(TensorType type, const GemvArgs& args);
