@@ -5,7 +5,7 @@
 // weights are written anywhere and the accumulators need no per-block scaling. A block
 // computes 128 weight rows × 64 tokens: 4 warps of 32 rows × all 64 tokens (a weight converted
 // once serves 64 tokens), or 8 warps of 32 rows × 32 tokens where the blocks are too few to fill
-// the GPU. The K dimension goes 128 elements a tile, each tile's raw weight bytes (the 32-element
+// the GPU. The K dimension goes 128 elements a tile (Q8_0: 64), each tile's raw weight bytes (the 32-element
 // blocks it spans, or the whole super-block that holds it) and bf16 activations copied by
 // cp.async into a ring of shared-memory stages while the previous tile is multiplied; the tile's
 // scales are decoded once per row into shared memory. Same fusions as the GEMV: several
@@ -18,6 +18,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "async_copy.cuh"
 #include "gemv.cuh"
@@ -28,7 +29,6 @@ namespace edgerunner::cuda {
 namespace {
 
 constexpr int kBM = 128, kBN = 64;  // weight row slots × tokens per block; warps of 32 slots
-constexpr int kTileUnits = 4;       // 32-element units per K tile
 
 constexpr int pad_stride(int bytes) { return (bytes + 31) / 32 * 32 + 16; }  // an odd number of 16-byte lines
 
@@ -99,6 +99,12 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// A format's pieces staged per half super-block (MmaUnit::kHalfPieces), 0: the whole block.
+template <class M, class = void>
+constexpr int kHalfPieces = 0;
+template <class M>
+constexpr int kHalfPieces<M, std::void_t<decltype(M::kHalfPieces)>> = M::kHalfPieces;
+
 // kSplit warps share a block's 64 tokens: 1 (4 warps, each 32 slots × 64 tokens: a weight
 // converted once serves 64 tokens) for matrices with blocks enough to fill the GPU, 2 (8 warps of
 // 32 × 32: twice the warps on the same blocks) for small ones.
@@ -109,8 +115,14 @@ struct Gemm {
     static constexpr int kWarpTokens = kBN / kSplit, kThreads = 128 * kSplit;
     static constexpr int kBlockThreads = kThreads, kMinBlocks = kSplit == 1 ? 3 : 2;  // registers capped at 168, 128
     static constexpr int kBlockBytes = sizeof(typename M::Block);
-    static constexpr int kRawBytes = (M::kUnits == 1 ? kTileUnits : 1) * kBlockBytes;  // a row's staged bytes per tile
-    static constexpr int kRowStride = pad_stride(kRawBytes + 15);  // + room to start on the source's 16-byte phase
+    // 32-element units per K tile: 4, or 2 where four blocks would make a stage too large for
+    // three blocks of two stages per SM (Q8_0: 8B's GEMMs measured latency-bound at two blocks)
+    static constexpr int kTileUnits = M::kUnits == 1 && kBlockBytes * 4 > 128 ? 2 : 4;
+    static constexpr int kHalf = kHalfPieces<M>;  // pieces of the half super-block a tile stages, or 0
+    static_assert(kHalf == 0 || kTileUnits == M::kUnits / 2, "a staged half is a tile");
+    // a row's staged bytes per tile (+ room to start on the source's 16-byte phase)
+    static constexpr int kRawBytes = kHalf ? 16 * kHalf : (M::kUnits == 1 ? kTileUnits : 1) * kBlockBytes;
+    static constexpr int kRowStride = pad_stride(kRawBytes + (kHalf ? 0 : 15));
     // a token's tile of bf16 values, + 32 bytes: the eight tokens of a fragment load land in
     // distinct banks
     static constexpr int kTokStride = kTileUnits * 64 + 32;
@@ -169,9 +181,14 @@ struct Gemm {
         auto stage = [&](int k) { return smem + (k % kStages) * kStageBytes; };
         auto copy_weights = [&](int k) {
             if (k >= n_tiles) return;
-            const int64_t units = min(static_cast<int64_t>(kTileUnits), n_units - static_cast<int64_t>(k) * kTileUnits);
-            const int64_t bytes = M::kUnits == 1 ? units * kBlockBytes : kBlockBytes;
-            stage_copy(stage(k) + (tid / kSplit) * kRowStride, my_row + tile_byte(k), static_cast<size_t>(bytes), tid % kSplit, kSplit);
+            uint8_t* to = stage(k) + (tid / kSplit) * kRowStride;
+            if constexpr (kHalf > 0) {  // 16-byte aligned blocks: the pieces the tile's half reads
+                for (int i = tid % kSplit; i < kHalf; i += kSplit) copy16(to + 16 * i, my_row + tile_byte(k) + 16 * M::half_piece(tile_unit(k) / kTileUnits, i));
+            } else {
+                const int64_t units = min(static_cast<int64_t>(kTileUnits), n_units - static_cast<int64_t>(k) * kTileUnits);
+                const int64_t bytes = M::kUnits == 1 ? units * kBlockBytes : kBlockBytes;
+                stage_copy(to, my_row + tile_byte(k), static_cast<size_t>(bytes), tid % kSplit, kSplit);
+            }
         };
         constexpr int kTokPieces = kTileUnits * 4;  // 16-byte pieces of a token's tile
         auto copy_tokens = [&](int k) {
@@ -300,6 +317,10 @@ Launch launch(const GemvArgs& a, dim3 grid) {
 
 template <TensorType T>
 Launch launch(const GemvArgs& a) {
+    if constexpr (kHalfPieces<MmaUnit<T>> > 0)  // staged as 16-byte pieces: blocks on 16-byte boundaries
+        for (int p = 0; p < a.n_parts; ++p)
+            if (reinterpret_cast<uintptr_t>(a.part[p].w) % 16 != 0 || a.row_bytes % 16 != 0)
+                throw std::logic_error("the tensor-core GEMM reads " + std::string(tensor_type_name(T)) + " weights from 16-byte boundaries");
     const int64_t rows = a.glu != Glu::None ? a.part[0].rows
                                             : a.part[0].rows + (a.n_parts > 1 ? a.part[1].rows : 0) + (a.n_parts > 2 ? a.part[2].rows : 0);
     const int64_t per_block = a.glu != Glu::None ? kBM / 2 : kBM;

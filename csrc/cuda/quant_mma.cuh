@@ -10,6 +10,8 @@
 // multiplies them with bf16 activations; no float weights are written anywhere.
 #pragma once
 
+#include <cstddef>
+
 #include "quant_dot.cuh"
 
 namespace edgerunner::cuda {
@@ -189,7 +191,16 @@ struct MmaUnit<TensorType::Q3_K> {
 };
 
 // Q4_K / Q5_K: unit u = sub-block u, elements l = nibble u % 2 of qs[(u / 2)·32 + l] (+ bit u of
-// qh[l] as the fifth bit, Q5_K); weight = d·sc·q − dmin·m.
+// qh[l] as the fifth bit, Q5_K); weight = d·sc·q − dmin·m. Their blocks are whole 16-byte pieces
+// (rows stay on 16-byte boundaries), so the GEMM stages only what a half (units 4h..4h+3)
+// reads: the pieces before qs (d, dmin, scales, Q5_K's qh) and the half of qs that holds it, in
+// that order (kHalfPieces, half_piece) — `tile` is that staged copy: unit u's qs at
+// qs + ((u % 4) / 2)·32.
+template <typename Block>
+struct KHalf {
+    static constexpr int kHead = offsetof(Block, qs) / 16, kHalfPieces = kHead + 4;
+    static __device__ int half_piece(int h, int i) { return i < kHead ? i : i + 4 * h; }
+};
 template <typename Block>
 __device__ __forceinline__ UnitScale k_scale(const uint8_t* tile, int u) {
     const Block& b = *reinterpret_cast<const Block*>(tile);
@@ -201,7 +212,7 @@ __device__ __forceinline__ UnitScale k_scale(const uint8_t* tile, int u) {
 template <typename Block, bool kFiveBit>
 __device__ __forceinline__ uint2 q45_k_words(const uint8_t* tile, int u, int t) {
     const Block& b = *reinterpret_cast<const Block*>(tile);
-    const uint8_t* q = b.qs + (u / 2) * 32;
+    const uint8_t* q = b.qs + ((u % 4) / 2) * 32;  // (the staged half)
     const int shift = 4 * (u % 2);
     uint2 w = {ld32a(q + 4 * t) >> shift & kLowNibbles, ld32a(q + 16 + 4 * t) >> shift & kLowNibbles};  // (144 / 176-byte blocks)
     if constexpr (kFiveBit) {
@@ -212,7 +223,7 @@ __device__ __forceinline__ uint2 q45_k_words(const uint8_t* tile, int u, int t) 
 }
 
 template <>
-struct MmaUnit<TensorType::Q4_K> {
+struct MmaUnit<TensorType::Q4_K> : KHalf<block_q4_K> {
     static constexpr bool kFast = true, kMin = true, kSplit = false, kSigned = false;
     static constexpr int kBias = 0, kUnits = 8;
     using Block = block_q4_K;
@@ -221,7 +232,7 @@ struct MmaUnit<TensorType::Q4_K> {
 };
 
 template <>
-struct MmaUnit<TensorType::Q5_K> {
+struct MmaUnit<TensorType::Q5_K> : KHalf<block_q5_K> {
     static constexpr bool kFast = true, kMin = true, kSplit = false, kSigned = false;
     static constexpr int kBias = 0, kUnits = 8;
     using Block = block_q5_K;
