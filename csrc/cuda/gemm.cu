@@ -5,12 +5,13 @@
 // weights are written anywhere and the accumulators need no per-block scaling. A block
 // computes 128 weight rows × 64 tokens: 4 warps of 32 rows × all 64 tokens (a weight converted
 // once serves 64 tokens), or 8 warps of 32 rows × 32 tokens where the blocks are too few to fill
-// the GPU. The K dimension goes 128 elements a tile (Q8_0: 64), each tile's raw weight bytes (the 32-element
-// blocks it spans, or the whole super-block that holds it) and bf16 activations copied by
-// cp.async into a ring of shared-memory stages while the previous tile is multiplied; the tile's
-// scales are decoded once per row into shared memory. Same fusions as the GEMV: several
-// matrices sharing an input (rows numbered across them), the gated pair (a warp holds a gate row
-// and its up row: act(gate)·up on the way out), the residual added, a bias.
+// the GPU. The K dimension goes 128 elements a tile, each tile's raw weight bytes (the 32-element
+// blocks it spans, the whole super-block that holds it, or for Q4_K / Q5_K the pieces of it the
+// tile reads) and bf16 activations copied by cp.async into a ring of shared-memory stages while
+// the previous tile is multiplied; the tile's scales are decoded once per row into shared
+// memory. Same fusions as the GEMV: several matrices sharing an input (rows numbered across
+// them), the gated pair (a warp holds a gate row and its up row: act(gate)·up on the way out),
+// the residual added, a bias.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -29,6 +30,7 @@ namespace edgerunner::cuda {
 namespace {
 
 constexpr int kBM = 128, kBN = 64;  // weight row slots × tokens per block; warps of 32 slots
+constexpr int kTileUnits = 4;       // 32-element units per K tile
 
 constexpr int pad_stride(int bytes) { return (bytes + 31) / 32 * 32 + 16; }  // an odd number of 16-byte lines
 
@@ -115,9 +117,6 @@ struct Gemm {
     static constexpr int kWarpTokens = kBN / kSplit, kThreads = 128 * kSplit;
     static constexpr int kBlockThreads = kThreads, kMinBlocks = kSplit == 1 ? 3 : 2;  // registers capped at 168, 128
     static constexpr int kBlockBytes = sizeof(typename M::Block);
-    // 32-element units per K tile: 4, or 2 where four blocks would make a stage too large for
-    // three blocks of two stages per SM (Q8_0: 8B's GEMMs measured latency-bound at two blocks)
-    static constexpr int kTileUnits = M::kUnits == 1 && kBlockBytes * 4 > 128 ? 2 : 4;
     static constexpr int kHalf = kHalfPieces<M>;  // pieces of the half super-block a tile stages, or 0
     static_assert(kHalf == 0 || kTileUnits == M::kUnits / 2, "a staged half is a tile");
     // a row's staged bytes per tile (+ room to start on the source's 16-byte phase)
