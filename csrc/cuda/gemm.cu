@@ -326,8 +326,9 @@ Launch launch(const GemvArgs& a) {
     const dim3 grid(static_cast<unsigned>((a.n_tokens + kBN - 1) / kBN), static_cast<unsigned>((rows + per_block - 1) / per_block));
     // Four warps a block where the blocks fill the GPU one and a half times or more, else eight
     // (measured on the H200, 132 SMs: 8B's 256-block down and output projections gain from four,
-    // 1B's 192-block QKV and SmolLM2's 192-block gate·up lose)
-    const bool wide = static_cast<int64_t>(grid.x) * grid.y * 2 >= 3 * static_cast<int64_t>(sm_count());
+    // 1B's 192-block QKV and SmolLM2's 192-block gate·up lose) — where eight's stages fit
+    const bool wide = static_cast<int64_t>(grid.x) * grid.y * 2 >= 3 * static_cast<int64_t>(sm_count()) ||
+                      Gemm<T, 2>::kSmem > smem_per_block();
     return wide ? launch<T, 1>(a, grid) : launch<T, 2>(a, grid);
 }
 
@@ -335,9 +336,11 @@ Launch launch(const GemvArgs& a) {
 
 bool gemm_takes(TensorType type, int64_t n_tokens) {
     if (n_tokens < kPrefillKernelTokens) return false;
+    // (a device whose blocks cannot hold the four-warp kernel's stages prefills with the GEMV:
+    // Q6_K's 108 KB on sm_89)
     switch (type) {
 #define ER_MMA(T) \
-    case TensorType::T: return MmaUnit<TensorType::T>::kFast;
+    case TensorType::T: return MmaUnit<TensorType::T>::kFast && Gemm<TensorType::T, 1>::kSmem <= smem_per_block();
         ER_MMA(Q4_0) ER_MMA(Q4_1) ER_MMA(Q5_0) ER_MMA(Q5_1) ER_MMA(Q8_0) ER_MMA(IQ4_NL) ER_MMA(Q2_K) ER_MMA(Q3_K) ER_MMA(Q4_K) ER_MMA(Q5_K)
         ER_MMA(Q6_K) ER_MMA(IQ4_XS)
 #undef ER_MMA

@@ -395,12 +395,17 @@ bool gemv_wants_q8(TensorType type) {
     }
 }
 
+static int device_attribute(cudaDeviceAttr attr) {
+    int device = 0, n = 0;
+    return cudaGetDevice(&device) == cudaSuccess && cudaDeviceGetAttribute(&n, attr, device) == cudaSuccess ? n : 0;
+}
 int sm_count() {
-    static const int count = [] {
-        int device = 0, n = 0;
-        return cudaGetDevice(&device) == cudaSuccess && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? n : 0;
-    }();
+    static const int count = device_attribute(cudaDevAttrMultiProcessorCount);
     return count;
+}
+size_t smem_per_block() {
+    static const size_t bytes = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+    return bytes;
 }
 
 bool gemv_quantizes_out(TensorType type, const GemvArgs& a) {
