@@ -8,6 +8,12 @@
 #   bench/h200.sh profile NAME...         where a decode step's time goes (ncu, kernels serialised: per kernel,
 #                                         bench/ncu_summary.py), then the decode GEMV's limits (ncu sections:
 #                                         DRAM vs SM throughput, occupancy) for the first 8 of a step
+#   bench/h200.sh prefill-profile NAME... the first layer's four prefill GEMMs of a 512-token prompt under ncu:
+#                                         occupancy, pipes, L2 / DRAM, stall reasons
+#   bench/h200.sh base                    build the tree in .ab/base (never committed: `git archive REV | tar -x -C
+#                                         .ab/base`) into /tmp/site-base, for A/B runs in one call:
+#                                         PYTHONPATH=/tmp/site-base:/tmp/site python3 -m bench ... (the base),
+#                                         the same without /tmp/site-base (this tree)
 #   bench/h200.sh peer                    build llama.cpp's CUDA llama-bench from the sdist source carried in
 #                                         .peer/ (never committed) into /tmp/peer (~5 min); then
 #                                         `bench/h200.sh bench --peer /tmp/peer/bin/llama-bench` runs it on
@@ -52,6 +58,22 @@ case "${1:-}" in
         grep -E "GemvStaged|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Warp Cycles Per Issued" |
         sed -E 's/^ +//; s/ {2,}/ /g'
     done ;;
+  prefill-profile)
+    shift
+    stalls=$(printf 'smsp__warp_issue_stalled_%s_per_warp_active.pct,' wait long_scoreboard short_scoreboard selected \
+      not_selected barrier math_pipe_throttle mio_throttle lg_throttle dispatch_stall no_instruction)
+    pipes=sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active
+    for name in "$@"; do
+      echo "== $name"
+      ncu --clock-control none --kernel-name-base mangled -k regex:Gemm --launch-count 4 --section SpeedOfLight \
+        --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+        --metrics "$stalls$pipes" python3 bench/decode_once.py /tmp/m/$name.gguf eager 512 2>/dev/null |
+        grep -E "Gemm|Duration|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Occupancy|Warp Cycles Per Issued|Block Limit|Registers Per|Grid Size|Block Size|stalled|pipe_" |
+        sed -E 's/^ +//; s/ {2,}/ /g'
+    done ;;
+  base)
+    cd .ab/base && CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -q \
+      -C cmake.define.EDGERUNNER_CUDA=ON -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -C build-dir=/tmp/bb --target /tmp/site-base . ;;
   peer)
     mkdir -p /tmp/peer && cd .peer/llama.cpp
     cmake -S . -B /tmp/peer -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
@@ -60,5 +82,5 @@ case "${1:-}" in
     cmake --build /tmp/peer --target llama-bench -j 16 > /tmp/peer-build.log 2>&1 ||
       { grep -m 3 -B 2 -A 12 -E "error|Killed" /tmp/peer-build.log; tail -3 /tmp/peer-build.log; exit 1; }
     tail -1 /tmp/peer-build.log ;;
-  *) sed -n 2,15p "$0"; exit 2 ;;
+  *) sed -n 2,25p "$0"; exit 2 ;;
 esac
