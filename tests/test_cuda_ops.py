@@ -108,3 +108,15 @@ def test_prefill_matmul_equals_float64(name):
         n = blocks * (256 if name in K_TYPES else 32)
         rows = random_weights(name, n_rows, n, rng)
         assert_matmul_close(name, rows, random_activations(rng, n_tokens, n), f"rows={n_rows} n={n} tokens={n_tokens} seed {seed}")
+
+
+@pytest.mark.parametrize("name", [t for t in TYPES if t not in ("F32", "F16")])
+def test_prefill_matmul_wide_grid(name):
+    """Grids of 300 blocks (101 row tiles, the last partly empty, × 3 token tiles): the GEMM's
+    four-warp blocks (chosen from 1.5 blocks per SM: any GPU of up to 200 SMs), where the small
+    shapes above take its eight-warp ones. 12837 rows drawn from 257 random ones, K of 512."""
+    seed = random.randrange(2**32)
+    rng = np.random.default_rng(seed)
+    n = 512
+    rows = random_weights(name, 257, n, rng)[rng.integers(0, 257, 12837)]
+    assert_matmul_close(name, rows, random_activations(rng, 130, n), f"rows=12837 n={n} tokens=130 seed {seed}")
