@@ -112,8 +112,8 @@ def test_prefill_matmul_equals_float64(name):
 
 @pytest.mark.parametrize("name", [t for t in TYPES if t not in ("F32", "F16")])
 def test_prefill_matmul_wide_grid(name):
-    """Grids of 300 blocks (101 row tiles, the last partly empty, × 3 token tiles): the GEMM's
-    four-warp blocks (chosen from 1.5 blocks per SM: any GPU of up to 200 SMs), where the small
+    """Grids of 303 blocks (101 row tiles, the last partly empty, × 3 token tiles): the GEMM's
+    four-warp blocks (chosen from 1.5 blocks per SM: any GPU of up to 202 SMs), where the small
     shapes above take its eight-warp ones. 12837 rows drawn from 257 random ones, K of 512."""
     seed = random.randrange(2**32)
     rng = np.random.default_rng(seed)
