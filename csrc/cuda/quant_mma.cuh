@@ -35,16 +35,26 @@ __device__ __forceinline__ uint32_t ld32a(const uint8_t* p) { return *reinterpre
 // (the integer-to-float conversion instruction issues at a quarter of the rate).
 __device__ __forceinline__ float exact_float(int v) { return __int_as_float(0x4B400000 + v) - 12582912.0f; }
 
-// Formats of one 32-element block per unit: `tile` holds whole blocks, unit u is block u.
+// Formats of one 32-element block per unit: `tile` holds whole blocks, unit u is block u; its
+// scale d (and offset m, where the block has one).
+template <typename Block, bool kOffset>
+__device__ __forceinline__ UnitScale block_scale(const uint8_t* tile, int u) {
+    const Block& b = reinterpret_cast<const Block*>(tile)[u];
+    const float d = h2f(b.d);
+    if constexpr (kOffset) {
+        const float m = h2f(b.m);
+        return {d, d, m, m};
+    } else {
+        return {d, d, 0.0f, 0.0f};
+    }
+}
+
 template <>
 struct MmaUnit<TensorType::Q4_0> {
     static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = false;
     static constexpr int kBias = 8, kUnits = 1;
     using Block = block_q4_0;
-    static __device__ UnitScale scale(const uint8_t* tile, int u) {
-        const float d = h2f(reinterpret_cast<const Block*>(tile)[u].d);
-        return {d, d, 0.0f, 0.0f};
-    }
+    static __device__ UnitScale scale(const uint8_t* tile, int u) { return block_scale<Block, kMin>(tile, u); }
     static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
         const uint32_t w = ld32(reinterpret_cast<const Block*>(tile)[u].qs + 4 * t);
         return {w & kLowNibbles, w >> 4 & kLowNibbles};
@@ -56,11 +66,7 @@ struct MmaUnit<TensorType::Q4_1> {
     static constexpr bool kFast = true, kMin = true, kSplit = false, kSigned = false;
     static constexpr int kBias = 0, kUnits = 1;
     using Block = block_q4_1;
-    static __device__ UnitScale scale(const uint8_t* tile, int u) {
-        const Block& b = reinterpret_cast<const Block*>(tile)[u];
-        const float d = h2f(b.d), m = h2f(b.m);
-        return {d, d, m, m};
-    }
+    static __device__ UnitScale scale(const uint8_t* tile, int u) { return block_scale<Block, kMin>(tile, u); }
     static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
         const uint32_t w = ld32a(reinterpret_cast<const Block*>(tile)[u].qs + 4 * t);  // (20-byte blocks)
         return {w & kLowNibbles, w >> 4 & kLowNibbles};
@@ -80,10 +86,7 @@ struct MmaUnit<TensorType::Q5_0> {
     static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = false;
     static constexpr int kBias = 16, kUnits = 1;
     using Block = block_q5_0;
-    static __device__ UnitScale scale(const uint8_t* tile, int u) {
-        const float d = h2f(reinterpret_cast<const Block*>(tile)[u].d);
-        return {d, d, 0.0f, 0.0f};
-    }
+    static __device__ UnitScale scale(const uint8_t* tile, int u) { return block_scale<Block, kMin>(tile, u); }
     static __device__ uint2 quants(const uint8_t* tile, int u, int t) { return q5_words<Block, false>(reinterpret_cast<const Block*>(tile)[u], t); }
 };
 
@@ -92,11 +95,7 @@ struct MmaUnit<TensorType::Q5_1> {
     static constexpr bool kFast = true, kMin = true, kSplit = false, kSigned = false;
     static constexpr int kBias = 0, kUnits = 1;
     using Block = block_q5_1;
-    static __device__ UnitScale scale(const uint8_t* tile, int u) {
-        const Block& b = reinterpret_cast<const Block*>(tile)[u];
-        const float d = h2f(b.d), m = h2f(b.m);
-        return {d, d, m, m};
-    }
+    static __device__ UnitScale scale(const uint8_t* tile, int u) { return block_scale<Block, kMin>(tile, u); }
     static __device__ uint2 quants(const uint8_t* tile, int u, int t) { return q5_words<Block, true>(reinterpret_cast<const Block*>(tile)[u], t); }
 };
 
@@ -105,10 +104,7 @@ struct MmaUnit<TensorType::Q8_0> {
     static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = true;
     static constexpr int kBias = 0, kUnits = 1;
     using Block = block_q8_0;
-    static __device__ UnitScale scale(const uint8_t* tile, int u) {
-        const float d = h2f(reinterpret_cast<const Block*>(tile)[u].d);
-        return {d, d, 0.0f, 0.0f};
-    }
+    static __device__ UnitScale scale(const uint8_t* tile, int u) { return block_scale<Block, kMin>(tile, u); }
     static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
         const uint8_t* q = reinterpret_cast<const uint8_t*>(reinterpret_cast<const Block*>(tile)[u].qs);
         return {ld32(q + 4 * t), ld32(q + 16 + 4 * t)};
@@ -121,10 +117,7 @@ struct MmaUnit<TensorType::IQ4_NL> {
     static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = true;
     static constexpr int kBias = 0, kUnits = 1;
     using Block = block_iq4_nl;
-    static __device__ UnitScale scale(const uint8_t* tile, int u) {
-        const float d = h2f(reinterpret_cast<const Block*>(tile)[u].d);
-        return {d, d, 0.0f, 0.0f};
-    }
+    static __device__ UnitScale scale(const uint8_t* tile, int u) { return block_scale<Block, kMin>(tile, u); }
     static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
         const int2 v = iq4_values(ld32(reinterpret_cast<const Block*>(tile)[u].qs + 4 * t));
         return {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y)};
