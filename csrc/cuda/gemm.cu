@@ -32,7 +32,16 @@ namespace {
 constexpr int kBM = 128, kBN = 64;  // weight row slots × tokens per block; warps of 32 slots
 constexpr int kTileUnits = 4;       // 32-element units per K tile
 
-constexpr int pad_stride(int bytes) { return (bytes + 31) / 32 * 32 + 16; }  // an odd number of 16-byte lines
+constexpr int pad_stride(int bytes) { return ((bytes + 15) / 16 | 1) * 16; }  // an odd number of 16-byte lines
+constexpr int gcd16(int v) { return v % 16 == 0 ? 16 : v % 8 == 0 ? 8 : v % 4 == 0 ? 4 : v % 2 == 0 ? 2 : 1; }
+
+// Whether every matrix's rows start on 16-byte boundaries (then a staged tile's phase is fixed by
+// its offset in the row alone).
+__host__ __device__ inline bool rows_aligned(const GemvArgs& a) {
+    bool ok = a.row_bytes % 16 == 0;
+    for (int p = 0; p < a.n_parts; ++p) ok = ok && reinterpret_cast<uintptr_t>(a.part[p].w) % 16 == 0;
+    return ok;
+}
 
 __device__ __forceinline__ uint32_t bits(__nv_bfloat162 v) {
     uint32_t r;
@@ -119,9 +128,13 @@ struct Gemm {
     static constexpr int kBlockBytes = sizeof(typename M::Block);
     static constexpr int kHalf = kHalfPieces<M>;  // pieces of the half super-block a tile stages, or 0
     static_assert(kHalf == 0 || kTileUnits == M::kUnits / 2, "a staged half is a tile");
-    // a row's staged bytes per tile (+ room to start on the source's 16-byte phase)
+    // a row's staged bytes per tile, + room to start on the source's 16-byte phase: up to 15
+    // bytes, or where rows_aligned only the phases tile offsets take (16 − gcd(tile step, 16):
+    // Q8_0's 136-byte tiles start at 0 or 8)
     static constexpr int kRawBytes = kHalf ? 16 * kHalf : (M::kUnits == 1 ? kTileUnits : 1) * kBlockBytes;
+    static constexpr int kStep = M::kUnits == 1 ? kTileUnits * kBlockBytes : kBlockBytes;
     static constexpr int kRowStride = pad_stride(kRawBytes + (kHalf ? 0 : 15));
+    static constexpr int kRowStrideAligned = pad_stride(kRawBytes + (kHalf ? 0 : 16 - gcd16(kStep)));
     // a token's tile of bf16 values, + 32 bytes: the eight tokens of a fragment load land in
     // distinct banks
     static constexpr int kTokStride = kTileUnits * 64 + 32;
@@ -129,7 +142,10 @@ struct Gemm {
     using Rec = ScaleRecord<M>;
     static constexpr int kRecBytes = kSplit * kTileUnits * kBM * Rec::kWords * 4;  // each warp's scale records of the current tile
     static constexpr int kStages = kMinBlocks * (3 * kStageBytes + kRecBytes) <= 220 * 1024 ? 3 : 2;  // as deep as kMinBlocks per SM allow
-    static constexpr size_t kSmem = static_cast<size_t>(kStages) * kStageBytes + kRecBytes;
+    static constexpr size_t kSmem = static_cast<size_t>(kStages) * kStageBytes + kRecBytes;  // the most a launch asks
+    static constexpr size_t smem(bool aligned) {
+        return static_cast<size_t>(kStages) * (kBM * (aligned ? kRowStrideAligned : kRowStride) + kBN * kTokStride) + kRecBytes;
+    }
     static_assert(M::kUnits == 1 || M::kUnits % kTileUnits == 0, "a tile within one super-block");
 
     // Row slot s of block `bx` → (part, row), or part -1 past the end. Gated: warp w's slots are
@@ -177,10 +193,12 @@ struct Gemm {
             if (p < 0) p = 0, r = a.part[0].rows - 1;  // a valid row to copy
             my_row = (p == 0 ? a.part[0].w : p == 1 ? a.part[1].w : a.part[2].w) + static_cast<size_t>(r) * a.row_bytes;
         }
-        auto stage = [&](int k) { return smem + (k % kStages) * kStageBytes; };
+        const int row_stride = rows_aligned(a) ? kRowStrideAligned : kRowStride;  // (as the launch sized it)
+        const int stage_bytes = kBM * row_stride + kBN * kTokStride;
+        auto stage = [&](int k) { return smem + (k % kStages) * stage_bytes; };
         auto copy_weights = [&](int k) {
             if (k >= n_tiles) return;
-            uint8_t* to = stage(k) + (tid / kSplit) * kRowStride;
+            uint8_t* to = stage(k) + (tid / kSplit) * row_stride;
             if constexpr (kHalf > 0) {  // 16-byte aligned blocks: the pieces the tile's half reads
                 for (int i = tid % kSplit; i < kHalf; i += kSplit) copy16(to + 16 * i, my_row + tile_byte(k) + 16 * M::half_piece(tile_unit(k) / kTileUnits, i));
             } else {
@@ -193,7 +211,7 @@ struct Gemm {
         auto copy_tokens = [&](int k) {
             if (k >= n_tiles) return;
             const int pieces = static_cast<int>(min(static_cast<int64_t>(kTileUnits), n_units - static_cast<int64_t>(k) * kTileUnits)) * 4;
-            uint8_t* to = stage(k) + kBM * kRowStride;
+            uint8_t* to = stage(k) + kBM * row_stride;
 #pragma unroll
             for (int i = 0; i < kBN * kTokPieces / kThreads; ++i) {
                 const int j = tid + i * kThreads, tok = j / kTokPieces, piece = j % kTokPieces;
@@ -224,7 +242,7 @@ struct Gemm {
             for (int h = 0; h < 2; ++h) mine[i][h] = row_at(wm * 32 + i * 16 + g + 8 * h);
         const uintptr_t scaled = row_at(wm * 32 + lane);
         // the warp's scale records of the current tile: [unit][slot][word]
-        uint32_t* recs = reinterpret_cast<uint32_t*>(smem + kStages * kStageBytes) + warp * (kTileUnits * 32 * Rec::kWords);
+        uint32_t* recs = reinterpret_cast<uint32_t*>(smem + kStages * stage_bytes) + warp * (kTileUnits * 32 * Rec::kWords);
 
         // Per unit, thread t of a quad holds elements 4t..4t+3 and 16+4t..16+4t+3 of its rows'
         // weights and of its tokens' activations: the mma's k pairs (2t, 2t+1), (2t+8, 2t+9) of the
@@ -238,14 +256,14 @@ struct Gemm {
             copy_tokens(k + kStages - 1);
             commit();
             const uint8_t* sa = stage(k);
-            const uint8_t* sb = sa + kBM * kRowStride;
+            const uint8_t* sb = sa + kBM * row_stride;
             const int units = static_cast<int>(min(static_cast<int64_t>(kTileUnits), n_units - static_cast<int64_t>(k) * kTileUnits));
             const int64_t offset = tile_byte(k);
             const int u0 = tile_unit(k);
             // The tile's scales, decoded once per row: lane l those of slot l. (Tile k − 1's records
             // are free: the warp has passed the barrier above.)
             {
-                const uint8_t* row = sa + (wm * 32 + lane) * kRowStride + ((scaled + offset) & 15);
+                const uint8_t* row = sa + (wm * 32 + lane) * row_stride + ((scaled + offset) & 15);
 #pragma unroll
                 for (int u = 0; u < kTileUnits; ++u)
                     if (u < units) Rec::store(recs + (u * 32 + lane) * Rec::kWords, M::scale(row, u0 + u));
@@ -259,7 +277,7 @@ struct Gemm {
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int slot = i * 16 + g + 8 * h;
-                        const uint2 q = M::quants(sa + (wm * 32 + slot) * kRowStride + ((mine[i][h] + offset) & 15), u0 + u, t);
+                        const uint2 q = M::quants(sa + (wm * 32 + slot) * row_stride + ((mine[i][h] + offset) & 15), u0 + u, t);
                         const uint4 r = Rec::load(recs + (u * 32 + slot) * Rec::kWords);  // s_lo, s_hi, m_lo, m_hi
                         to_bf16<M>(q.x, r.x, r.z, w[i][h][0], w[i][h][1]);
                         to_bf16<M>(q.y, r.y, r.w, w[i][h][2], w[i][h][3]);
@@ -311,15 +329,13 @@ Launch launch(const GemvArgs& a, dim3 grid) {
     using K = Gemm<T, kSplit>;
     static const bool sized = allow_smem<K>(K::kSmem);
     (void)sized;
-    return make_launch<K>(grid, dim3(K::kThreads), a, K::kSmem);
+    return make_launch<K>(grid, dim3(K::kThreads), a, K::smem(rows_aligned(a)));
 }
 
 template <TensorType T>
 Launch launch(const GemvArgs& a) {
-    if constexpr (kHalfPieces<MmaUnit<T>> > 0)  // staged as 16-byte pieces: blocks on 16-byte boundaries
-        for (int p = 0; p < a.n_parts; ++p)
-            if (reinterpret_cast<uintptr_t>(a.part[p].w) % 16 != 0 || a.row_bytes % 16 != 0)
-                throw std::logic_error("the tensor-core GEMM reads " + std::string(tensor_type_name(T)) + " weights from 16-byte boundaries");
+    if (kHalfPieces<MmaUnit<T>> > 0 && !rows_aligned(a))  // staged as 16-byte pieces
+        throw std::logic_error("the tensor-core GEMM reads " + std::string(tensor_type_name(T)) + " weights from 16-byte boundaries");
     const int64_t rows = a.glu != Glu::None ? a.part[0].rows
                                             : a.part[0].rows + (a.n_parts > 1 ? a.part[1].rows : 0) + (a.n_parts > 2 ? a.part[2].rows : 0);
     const int64_t per_block = a.glu != Glu::None ? kBM / 2 : kBM;
@@ -328,7 +344,7 @@ Launch launch(const GemvArgs& a) {
     // (measured on the H200, 132 SMs: 8B's 256-block down and output projections gain from four,
     // 1B's 192-block QKV and SmolLM2's 192-block gate·up lose) — where eight's stages fit
     const bool wide = static_cast<int64_t>(grid.x) * grid.y * 2 >= 3 * static_cast<int64_t>(sm_count()) ||
-                      Gemm<T, 2>::kSmem > smem_per_block();
+                      Gemm<T, 2>::smem(rows_aligned(a)) > smem_per_block();
     return wide ? launch<T, 1>(a, grid) : launch<T, 2>(a, grid);
 }
 
