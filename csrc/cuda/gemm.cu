@@ -140,7 +140,7 @@ struct Gemm {
     static constexpr int kTokStride = kTileUnits * 64 + 32;
     static constexpr int kStageBytes = kBM * kRowStride + kBN * kTokStride;
     using Rec = ScaleRecord<M>;
-    static constexpr int kRecBytes = kSplit * kTileUnits * kBM * Rec::kWords * 4;  // each warp's scale records of the current tile
+    static constexpr int kRecBytes = kTileUnits * kBM * Rec::kWords * 4;  // the current tile's scale records
     static constexpr int kStages = kMinBlocks * (3 * kStageBytes + kRecBytes) <= 220 * 1024 ? 3 : 2;  // as deep as kMinBlocks per SM allow
     static constexpr size_t kSmem = static_cast<size_t>(kStages) * kStageBytes + kRecBytes;  // the most a launch asks
     static constexpr size_t smem(bool aligned) {
@@ -241,8 +241,8 @@ struct Gemm {
         for (int i = 0; i < 2; ++i)
             for (int h = 0; h < 2; ++h) mine[i][h] = row_at(wm * 32 + i * 16 + g + 8 * h);
         const uintptr_t scaled = row_at(wm * 32 + lane);
-        // the warp's scale records of the current tile: [unit][slot][word]
-        uint32_t* recs = reinterpret_cast<uint32_t*>(smem + kStages * stage_bytes) + warp * (kTileUnits * 32 * Rec::kWords);
+        // the scale records of the warp's 32 slots for the current tile: [unit][slot][word]
+        uint32_t* recs = reinterpret_cast<uint32_t*>(smem + kStages * stage_bytes) + wm * (kTileUnits * 32 * Rec::kWords);
 
         // Per unit, thread t of a quad holds elements 4t..4t+3 and 16+4t..16+4t+3 of its rows'
         // weights and of its tokens' activations: the mma's k pairs (2t, 2t+1), (2t+8, 2t+9) of the
@@ -260,14 +260,18 @@ struct Gemm {
             const int units = static_cast<int>(min(static_cast<int64_t>(kTileUnits), n_units - static_cast<int64_t>(k) * kTileUnits));
             const int64_t offset = tile_byte(k);
             const int u0 = tile_unit(k);
-            // The tile's scales, decoded once per row: lane l those of slot l. (Tile k − 1's records
-            // are free: the warp has passed the barrier above.)
+            // The tile's scales, decoded once per row: lane l those of slot l, the kSplit warps of
+            // the same slots a share of the units each. (Tile k − 1's records are free: every
+            // warp has passed the barrier above.)
             {
                 const uint8_t* row = sa + (wm * 32 + lane) * row_stride + ((scaled + offset) & 15);
 #pragma unroll
-                for (int u = 0; u < kTileUnits; ++u)
+                for (int v = 0; v < kTileUnits / kSplit; ++v) {
+                    const int u = wn * (kTileUnits / kSplit) + v;
                     if (u < units) Rec::store(recs + (u * 32 + lane) * Rec::kWords, M::scale(row, u0 + u));
-                __syncwarp();
+                }
+                if constexpr (kSplit == 1) __syncwarp();
+                else asm volatile("bar.sync %0, %1;" ::"r"(1 + wm), "n"(32 * kSplit) : "memory");  // (barrier 0 is __syncthreads')
             }
 #pragma unroll 2
             for (int u = 0; u < units; ++u) {
