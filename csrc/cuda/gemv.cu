@@ -20,7 +20,6 @@
 #include "gemv.cuh"
 #include "kv_slot.cuh"
 #include "quant_dot.cuh"
-#include "rms_norm.cuh"
 #include "rope.cuh"
 #include "warp.cuh"
 
@@ -117,29 +116,6 @@ constexpr int kMaxChunkBytes = 1536;       // two units per lane where a chunk s
 // also written as int8 for the down projection, GemvArgs::xq_out: a block of 32 warps holds the
 // 32 rows of a block of values and quantizes them, the quantize kernel's arithmetic; rows of one
 // chunk, so each warp's ring is one buffer).
-// GemvTail: the block that finishes last normalizes or quantizes the whole output row (every
-// block's rows are out by then: each made them visible before it counted itself).
-__device__ inline void finish_tail(const GemvArgs& a) {
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(a.tail.done, 1) == static_cast<int>(gridDim.x) - 1;
-        if (last) *a.tail.done = 0;  // ready for the next step
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const float* y = a.part[0].y;
-    const int64_t n = a.part[0].rows;
-    if (a.tail.norm_w) {
-        rms_norm_row(y, a.tail.norm_w, a.tail.norm_y, a.tail.q, n, a.tail.eps, a.tail.norm_threads);
-    } else {
-        const int lane = threadIdx.x % 32;
-        for (int64_t b = threadIdx.x / 32; b < n / 32; b += blockDim.x / 32) quantize_block(__ldcg(y + 32 * b + lane), a.tail.q[b], lane);
-    }
-}
-
 struct Bounds1024 {
     static constexpr int kBlockThreads = 1024, kMinBlocks = 1;
 };
@@ -302,7 +278,6 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, NoBounds> {
                 }
             }
         }
-        if (!kRope && a.tail.done) finish_tail(a);
     }
 
     static size_t smem(const GemvArgs& a) { return kWeightSmem + static_cast<size_t>(a.cols / 32) * 3 * sizeof(int4); }
@@ -326,7 +301,6 @@ Launch launch(const GemvArgs& a) {
     const int64_t rows = a.glu != Glu::None ? a.part[0].rows : a.part[0].rows + (a.n_parts > 1 ? a.part[1].rows : 0) + (a.n_parts > 2 ? a.part[2].rows : 0);
     const dim3 block(32 * kWarpsPerBlock);
     const unsigned row_blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-    if (a.tail.done && !gemv_takes_tail(T, a)) throw std::logic_error("GemvTail on a GEMV that cannot do it (gemv_takes_tail)");
     if (a.n_tokens == 1) {
         if constexpr (QuantDot<T>::kFast) {
             if (a.xq_out) return staged<GemvStaged<T, false, true>>(a, rows);
@@ -449,12 +423,6 @@ bool gemv_quantizes_out(TensorType type, const GemvArgs& a) {
         default: return false;
     }
     return a.cols <= 32 * chunk_units;
-}
-
-bool gemv_takes_tail(TensorType type, const GemvArgs& a) {
-    if (!gemv_wants_q8(type) || a.n_tokens != 1 || a.n_parts != (a.glu != Glu::None ? 2 : 1) || a.rope.pos0 || a.xq_out) return false;
-    if (a.tail.norm_w) return a.accumulate && a.glu == Glu::None;
-    return a.part[0].rows % 32 == 0;
 }
 
 bool gemv_ropes(TensorType type, const GemvArgs& a) {

@@ -40,21 +40,6 @@ struct GemvRope {
 
 enum class Glu : int32_t { None, SiLU, GELU };
 
-// The kernel after a one-token GEMV, done by the GEMV's last block to finish instead (each block
-// counts itself in `done` once its rows are out; the last one resets it): with norm_w, the RMSNorm
-// of part 0's y (the residual stream a GEMV with accumulate leaves) into norm_y and its int8 copy q,
-// with the RMSNorm kernel's arithmetic at its `norm_threads` (rms_norm.cuh: the same bits);
-// without, the int8 copy q of part 0's y (gated: act(gate)·up), the quantize kernel's. The step
-// saves that kernel's launch and the wait between the two (gemv_takes_tail).
-struct GemvTail {
-    int32_t* done = nullptr;  // a zeroed device counter; null: no tail
-    const float* norm_w = nullptr;
-    float* norm_y = nullptr;
-    float eps = 0.0f;
-    int32_t norm_threads = 0;
-    QBlock* q = nullptr;  // or null (norm only)
-};
-
 // y = W x (+ bias), or y += that (accumulate: the residual), for up to three matrices of one
 // type that read the same input (Q, K, V). With a gate (glu != None) the two parts are the gate
 // and up matrices, and part 0's y receives act(gate · x) · (up · x): no UP rows in memory.
@@ -74,7 +59,6 @@ struct GemvArgs {
     bool accumulate = false;
     GemvRope rope;
     QBlock* xq_out = nullptr;  // gated: also act(gate)·up as int8 blocks (gemv_quantizes_out)
-    GemvTail tail;
 };
 
 // Picks the kernel: the tensor-core GEMM (gemm.cu) where gemm_takes, else a GEMV (one token, or
@@ -97,9 +81,6 @@ bool gemv_ropes(TensorType type, const GemvArgs& args);
 // Whether args.xq_out can be given: one token of an int8 format, gated, rows a multiple of 32
 // and of one chunk of the kernel (up to 1024–2048 columns, by format).
 bool gemv_quantizes_out(TensorType type, const GemvArgs& args);
-// Whether args.tail can be given: one token of an int8 format (the staged kernel), part 0 alone
-// (norm: with accumulate; quantize: gated or not, rows a multiple of 32), no RoPE, no xq_out.
-bool gemv_takes_tail(TensorType type, const GemvArgs& args);
 size_t qblock_bytes();
 
 struct QuantizeArgs {

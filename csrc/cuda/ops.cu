@@ -7,7 +7,6 @@
 #include "kv_slot.cuh"
 #include "ops.cuh"
 #include "quant_dot.cuh"
-#include "rms_norm.cuh"
 #include "rope.cuh"
 #include "warp.cuh"
 
@@ -34,11 +33,10 @@ struct Embed {
 // One block per row, four consecutive values per thread and pass (float4 loads, all in flight at
 // once, kept in registers: the row is read once; the weight's values loaded before the wait for
 // the input): the sum of squares, a block reduction, then each thread writes its values, and
-// eight threads quantize each 32-value run together. (The arithmetic is rms_norm.cuh's: a
-// one-token GEMV with a residual does this norm in its last block with the same bits, GemvTail.)
+// eight threads quantize each 32-value run together.
 struct RmsNorm {
     using Args = NormArgs;
-    static constexpr int kPasses = kNormPasses;
+    static constexpr int kPasses = 4;  // float4s per thread at most: rows of up to 16384 values
     static constexpr int kBlockThreads = 1024, kMinBlocks = 1;  // (launch bounds: 64 registers)
     static __device__ void run(const Args& a) {
         allow_next();
@@ -59,7 +57,7 @@ struct RmsNorm {
         for (int k = 0; k < kPasses; ++k) {
             const int i = threadIdx.x + k * blockDim.x;
             v[k] = i < n4 ? x[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            ss += sum_sq(v[k]);
+            ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
         }
         ss = warp_sum(ss);
         if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
@@ -78,14 +76,25 @@ struct RmsNorm {
             if (k * blockDim.x >= n4) break;  // (uniform)
             float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (i < n4) {  // (in == out: the whole row was read above)
-                o = norm4(v[k], scale, g[k]);
+                o = make_float4(v[k].x * scale * g[k].x, v[k].y * scale * g[k].y, v[k].z * scale * g[k].z, v[k].w * scale * g[k].w);
                 if (a.accumulate) {
                     const float4 r = y[i];
                     o.x += r.x, o.y += r.y, o.z += r.z, o.w += r.w;
                 }
                 y[i] = o;
             }
-            if (a.q) quantize4(o, a.q + blockIdx.x * a.q_stride, i, i < n4);
+            if (a.q) {  // run i / 8 (rows a multiple of 32 wide: the eight threads are all in or all out)
+                float m = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+#pragma unroll
+                for (int offset = 4; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
+                if (i < n4) {
+                    const float d = m / 127.0f;
+                    QBlock& out = a.q[blockIdx.x * a.q_stride + i / 8];
+                    *reinterpret_cast<uint32_t*>(out.q + 4 * (i % 8)) =
+                        quantize_value(o.x, d) | quantize_value(o.y, d) << 8 | quantize_value(o.z, d) << 16 | quantize_value(o.w, d) << 24;
+                    if (i % 8 == 0) out.d = d;
+                }
+            }
         }
     }
 };
@@ -155,16 +164,12 @@ Launch embed(TensorType type, const EmbedArgs& a) {
     }
 }
 
-void check_rms_norm(int64_t n, bool quantized) {
-    if (quantized && n % 32 != 0) throw std::invalid_argument("quantized RMSNorm rows must be a multiple of 32 wide");
-    if (n % 4 != 0 || n > 4 * 1024 * kNormPasses)
-        throw std::invalid_argument("the CUDA RMSNorm takes rows of a multiple of 4 values, up to " + std::to_string(4 * 1024 * kNormPasses) +
-                                    " (got " + std::to_string(n) + ")");
-}
-
 Launch rms_norm(const NormArgs& a) {
-    check_rms_norm(a.n, a.q != nullptr);
-    const unsigned threads = static_cast<unsigned>(rms_norm_threads(a.n));
+    if (a.q && a.n % 32 != 0) throw std::invalid_argument("quantized RMSNorm rows must be a multiple of 32 wide");
+    if (a.n % 4 != 0 || a.n > 4 * 1024 * RmsNorm::kPasses)
+        throw std::invalid_argument("the CUDA RMSNorm takes rows of a multiple of 4 values, up to " + std::to_string(4 * 1024 * RmsNorm::kPasses) +
+                                    " (got " + std::to_string(a.n) + ")");
+    const unsigned threads = static_cast<unsigned>(std::min<int64_t>(1024, std::max<int64_t>(32, (a.n / 4 + 31) / 32 * 32)));
     return make_launch<RmsNorm>(dim3(static_cast<unsigned>(a.rows)), dim3(threads), a);
 }
 

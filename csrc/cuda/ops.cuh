@@ -43,8 +43,6 @@ struct NormArgs {
     int64_t q_stride;    // blocks between rows of q
 };
 Launch rms_norm(const NormArgs& a);
-// What rms_norm refuses (rows of n values; quantized: with the int8 copy), as it refuses it.
-void check_rms_norm(int64_t n, bool quantized);
 
 // Rotate each head of Q and K at the step's positions; with k_cache, then store the rotated K
 // and V rows into the layer's cache slots (RoPE + KV write in one kernel; a one-token step of

@@ -3,10 +3,8 @@
 // (in a one-token step of llama-style RoPE, done by the Q, K and V GEMVs as they store their
 // rows: rope_folds); attention that quantizes its output; gate + up + activation as one GEMV
 // (in a small one-token step also writing the down projection's int8 input:
-// quantizes_for_next); the residual added by the GEMV that produces it; in a one-token step the
-// RMSNorm after that GEMV, or the down projection's quantize kernel, done by the last block of the
-// GEMV before it: tail_norms, tail_quantizes), and each step becomes one or two kernel launches
-// (launch.cuh).
+// quantizes_for_next); the residual added by the GEMV that produces it), and each step becomes
+// one or two kernel launches (launch.cuh).
 // Per-step values (first position, tokens, sampling parameters) live in a device step block
 // that one copy from pinned memory fills, so the one-token step can be replayed unchanged:
 //   eager             the launches' arguments encoded and launched every step;
@@ -29,7 +27,6 @@
 #include "cuda.h"
 #include "gemv.cuh"
 #include "ops.cuh"
-#include "rms_norm.cuh"
 #include "sample.cuh"
 
 namespace edgerunner::cuda {
@@ -170,10 +167,6 @@ struct Step {
     bool rope_by_gemv = false;  // RopeKv: done by the Q/K/V GEMVs before it (rope_folds)
     int32_t rope_step = -1;     // Gemv: the index of that RopeKv step, whose work it does
     bool q8_for_next = false;   // gated Gemv: writes the int8 copy the next GEMV reads (quantizes_for_next)
-    // the kernel after a GEMV done by its last block (GemvTail):
-    int32_t norm_step = -1;      // Gemv with a residual: the index of the Norm step after it (tail_norms)
-    bool norm_by_gemv = false;   // Norm: done by the GEMV before it
-    bool q8_by_tail = false;     // gated Gemv: the int8 copy of its output the next GEMV reads (tail_quantizes)
 };
 
 class Runner final : public StepRunner {
@@ -194,8 +187,6 @@ public:
         sample_scratch_ = device_alloc<double>(static_cast<size_t>(c_.n_vocab));
         qbuf_ = device_alloc<uint8_t>(static_cast<size_t>(plan_.max_tokens * q_stride()) * qblock_bytes() + 256);  // GEMV reads whole 16 bytes
         qglu_ = device_alloc<uint8_t>(static_cast<size_t>(q_stride()) * qblock_bytes() + 256);
-        tail_done_ = device_alloc<int32_t>(1);  // (one counter: each tail's GEMV waits for the one before it to finish)
-        ER_CUDA(cudaMemset(tail_done_.get(), 0, sizeof(int32_t)));
         if (plan_.max_tokens >= kPrefillKernelTokens) hbuf_ = device_alloc<uint16_t>(static_cast<size_t>(plan_.max_tokens * h_stride()));
         const AttentionScratch scratch = attention_scratch(plan_.max_tokens, static_cast<int32_t>(c_.n_head),
                                                            static_cast<int32_t>(c_.n_head_kv), static_cast<int32_t>(c_.head_dim));
@@ -348,11 +339,6 @@ private:
     // Whether the gated GEMV step k can write the int8 copy of its output that the GEMV after it
     // reads (one token; gemv_quantizes_out), so no quantize kernel runs between them.
     bool quantizes_for_next(size_t k) const;
-    // Whether the one-token step k is done by the last block of the GEMV before it (GemvTail):
-    // a Norm after the GEMV that adds the residual it reads, or the quantize kernel of the input a
-    // gated GEMV leaves the next one.
-    bool tail_norms(size_t k) const;
-    bool tail_quantizes(size_t k) const;
     // The step's launches against step block `b` (a chained step's draw also goes to `next`'s
     // input token).
     void compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next = nullptr) const;
@@ -440,7 +426,6 @@ private:
     DevicePtr<uint8_t> qglu_;            // one row: gate·up's int8 copy from its GEMV (quantizes_for_next; its
                                          // blocks finish while others still read their input from qbuf_)
     DevicePtr<uint16_t> hbuf_;           // bf16 activations of one buffer for the prefill GEMM, max_tokens rows
-    DevicePtr<int32_t> tail_done_;       // the GemvTail counter
     DevicePtr<float> attn_partial_;      // the decode attention's partial results
     DevicePtr<int32_t> attn_done_;       // and its counters
     DevicePtr<float> arena_, inv_freq_;  // inv_freq_: the global base's, then the local base's
@@ -535,34 +520,7 @@ void Runner::fuse() {
             for (size_t j = k; j-- > 0 && steps_[j].kind == Step::Gemv;) steps_[j].rope_step = static_cast<int32_t>(k);
         }
         steps_[k].q8_for_next = quantizes_for_next(k);
-        if (tail_norms(k)) {
-            steps_[k].norm_by_gemv = true;
-            steps_[k - 1].norm_step = static_cast<int32_t>(k);
-        }
     }
-    for (size_t k = 0; k < steps_.size(); ++k) steps_[k].q8_by_tail = tail_quantizes(k);
-}
-
-// A one-token Norm after a one-token GEMV that adds the residual it normalizes: the GEMV's last
-// block does it (the staged kernel of an int8 format; a plain norm, not one added to its output).
-bool Runner::tail_norms(size_t k) const {
-    if (k == 0) return false;
-    const Step& s = steps_[k];
-    const Step& g = steps_[k - 1];
-    return s.kind == Step::Norm && !s.op.accumulate && s.op.out != s.op.in && g.kind == Step::Gemv && g.op.accumulate &&
-           g.n_parts == 1 && g.glu == cuda::Glu::None && gemv_wants_q8(g.op.weight->type) && g.parts[0]->out == s.op.in &&
-           g.rope_step < 0;  // (one token: the final norm's rows start at 0 like the GEMV's)
-}
-
-// The gate·up GEMV whose output the next GEMV quantizes with a kernel of its own (one token; not
-// where it writes its int8 copy itself, q8_for_next): its last block quantizes it instead.
-bool Runner::tail_quantizes(size_t k) const {
-    if (k + 1 >= steps_.size()) return false;
-    const Step& s = steps_[k];
-    const Step& next = steps_[k + 1];
-    return s.kind == Step::Gemv && s.glu != cuda::Glu::None && !s.q8_for_next && gemv_wants_q8(s.op.weight->type) &&
-           s.parts[0]->weight->rows % 32 == 0 && next.kind == Step::Gemv && next.quantize && next.op.in == s.parts[0]->out &&
-           !next.op.tail && s.norm_step < 0;
 }
 
 bool Runner::rope_folds(size_t k) const {
@@ -613,7 +571,6 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                                                                  row(Buf::X, 0), op.scale}));
                 break;
             case Step::Norm: {
-                if (n == 1 && s.norm_by_gemv) break;  // the GEMV before it did it
                 const bool q_out = s.q_out && !takes_gemm(k + 1, n - first);
                 out->push_back(rms_norm(NormArgs{row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first),
                                                  n - first, width(op.in), c_.norm_eps, op.accumulate, q_out ? qrow(first) : nullptr,
@@ -630,7 +587,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 if (takes_gemm(k, n - first)) {
                     if (!s.input_ready)
                         out->push_back(bf16_activations(Bf16Args{row(op.in, first), hrow(first), n - first, w.cols, width(op.in), h_stride()}));
-                } else if (s.quantize && !from_glu && !(n == 1 && k > 0 && steps_[k - 1].q8_by_tail)) {
+                } else if (s.quantize && !from_glu) {
                     out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
                 }
                 GemvArgs a;
@@ -664,14 +621,6 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                     }
                 }
                 if (n == 1 && s.q8_for_next) a.xq_out = reinterpret_cast<QBlock*>(qglu_.get());
-                if (n == 1 && s.norm_step >= 0) {
-                    const Step& norm = steps_[static_cast<size_t>(s.norm_step)];
-                    if (width(norm.op.in) != a.part[0].rows) throw std::logic_error("a GEMV's norm tail of another width");
-                    check_rms_norm(width(norm.op.in), norm.q_out);
-                    a.tail = GemvTail{tail_done_.get(), reinterpret_cast<const float*>((*w_)(norm.op.weight)), row(norm.op.out, 0), c_.norm_eps,
-                                      rms_norm_threads(width(norm.op.in)), norm.q_out ? qrow(0) : nullptr};
-                }
-                if (n == 1 && s.q8_by_tail) a.tail = GemvTail{tail_done_.get(), nullptr, nullptr, 0.0f, 0, qrow(0)};
                 out->push_back(gemv(w.type, a));
                 break;
             }
