@@ -30,22 +30,27 @@ def test_cuda_logits_close_to_float64_reference(tiny_models, case):
     assert err <= FAST_TOLERANCE * scale, f"{case} seed {seed}: max |Δ| {err:.3g} vs |logit| max {scale:.3g}"
 
 
-# Q4_K + Q6_K super-blocks; Q4_0's 2-byte aligned blocks; an f32 cache
-@pytest.mark.parametrize("ttype,kv_type", [("Q4_K_M", "f16"), ("Q4_0", "f16"), ("Q4_0", "f32")])
-def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type):
+# Q4_K + Q6_K super-blocks; Q4_0's 2-byte aligned blocks; an f32 cache; a wide model (below)
+@pytest.mark.parametrize("ttype,kv_type,wide", [("Q4_K_M", "f16", False), ("Q4_0", "f16", False), ("Q4_0", "f32", False),
+                                                ("Q4_0", "f16", True)])
+def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, wide):
     """reset, extend, decode and rewinds give the logits of one full prefill exactly: in steps
     of up to 15 tokens (chunks of 8 here) each token's kernels do the same arithmetic whatever
     the step size, including how its keys are split over blocks (runs of 32+ keys from position
     32 on), whether RoPE and the KV write are a kernel of their own (steps of several tokens) or
     done by the GEMVs of Q, K and V as they store them (one token, llama's adjacent pairs), and
     whether gate·up's int8 copy comes from the quantize kernel or from its own GEMV (one token).
+    The wide model (rows of 2048 values, heads of 128, 8192 gate·up rows: more blocks of 32
+    than a GPU has SMs, so its one-token steps quantize the down projection's input with the
+    quantize kernel too) streams whole chunks of its rows through the GEMVs' rings (the down
+    projection four a row) and takes the norm's 512 threads.
     (From 16 tokens on, prefill takes the tensor-core GEMM, on bf16 weights and activations,
     and the tiled attention: other arithmetic, checked against float64 and the CPU backend.)"""
     from edgerunner.model_builder import write_random_model
 
     path = tmp_path / "m.gguf"
-    write_random_model(path, arch="llama", preset="tiny", tensor_type=ttype, seed=5, n_heads=2, n_kv_heads=1,
-                       dim=256, ffn_dim=512)
+    shape = dict(n_heads=16, n_kv_heads=4, dim=2048, ffn_dim=8192) if wide else dict(n_heads=2, n_kv_heads=1, dim=256, ffn_dim=512)
+    write_random_model(path, arch="llama", preset="tiny", tensor_type=ttype, seed=5, **shape)
     model = _core.Model.load(str(path), backend="cuda", prefill_chunk=8, kv_type=kv_type)
     ids = prompt(np.random.default_rng(0), 200)
     full = _core.Session(model).eval_all(ids)
