@@ -143,11 +143,13 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, NoBounds> {
         return XUnit{{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}, m.y, m.z, __int_as_float(m.x)};
     }
 
-    static __device__ void run(const Args& a) {
+    static __device__ void run(const Args& a) { run_block(a, blockIdx.x); }
+    // block `block` of the launch (StagedPair: of one of its two halves)
+    static __device__ void run_block(const Args& a, int64_t block) {
         extern __shared__ uint4 smem[];
         allow_next();
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        const int64_t wg = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+        const int64_t wg = block * kWarps + warp;
         const bool gated = a.glu != Glu::None;
         // the warp's two rows: gate row wg and up row wg, or rows 2wg and 2wg + 1 of the parts
         const uint8_t* row[kSlots];
@@ -252,7 +254,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, NoBounds> {
             __shared__ float gated_out[32];
             if (lane == 0) gated_out[warp] = a.part[0].y[r[0]] = gate_act(a.glu, v0) * v1;
             __syncthreads();
-            if (warp == 0) quantize_block(gated_out[lane], a.xq_out[blockIdx.x], lane);
+            if (warp == 0) quantize_block(gated_out[lane], a.xq_out[block], lane);
             return;
         }
         if (lane == 0 && row[0]) {
@@ -283,28 +285,71 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, NoBounds> {
     static size_t smem(const GemvArgs& a) { return kWeightSmem + static_cast<size_t>(a.cols / 32) * 3 * sizeof(int4); }
 };
 
+// Two one-token GEMVs of different int8 formats on the same input as one launch (Q·K in one
+// format and V in another: Q4_K_M's Q6_K V layers): blocks [0, blocks1) are the first's, the rest
+// the second's, each running its own kernel's code on its own arguments. As two launches the
+// second would wait for the first to finish (a kernel waits for the whole grid before it) though
+// it reads nothing the first writes.
+template <class K1, class K2>
+struct StagedPair {
+    // (registers as the single kernels': three blocks per SM, as their shared memory allows)
+    static constexpr int kBlockThreads = 32 * K1::kWarps, kMinBlocks = 3;
+    struct Args {
+        GemvArgs a1, a2;
+        int64_t blocks1;
+    };
+    static __device__ void run(const Args& p) {
+        if (static_cast<int64_t>(blockIdx.x) < p.blocks1) K1::run_block(p.a1, blockIdx.x);
+        else K2::run_block(p.a2, static_cast<int64_t>(blockIdx.x) - p.blocks1);
+    }
+};
+
+int64_t rows_of(const GemvArgs& a) {
+    return a.glu != Glu::None ? a.part[0].rows : a.part[0].rows + (a.n_parts > 1 ? a.part[1].rows : 0) + (a.n_parts > 2 ? a.part[2].rows : 0);
+}
+
 template <class K>
-Launch staged(const GemvArgs& a, int64_t rows) {
-    const int64_t warps = a.glu != Glu::None ? rows : (rows + kSlots - 1) / kSlots;
-    const size_t smem = K::smem(a);
-    static const bool sized = allow_smem<K>(K::kWeightSmem + kMaxStagedCols / 32 * 3 * sizeof(int4));
-    (void)sized;
+int64_t staged_blocks(const GemvArgs& a) {
     if (a.cols > kMaxStagedCols)
         throw std::invalid_argument("the CUDA GEMV takes rows of up to " + std::to_string(kMaxStagedCols) + " columns");
-    return make_launch<K>(dim3(static_cast<unsigned>((warps + K::kWarps - 1) / K::kWarps)), dim3(32 * K::kWarps), a, smem);
+    const int64_t rows = rows_of(a), warps = a.glu != Glu::None ? rows : (rows + kSlots - 1) / kSlots;
+    return (warps + K::kWarps - 1) / K::kWarps;
 }
+
+template <class K>
+Launch staged(const GemvArgs& a) {
+    static const bool sized = allow_smem<K>(K::kWeightSmem + kMaxStagedCols / 32 * 3 * sizeof(int4));
+    (void)sized;
+    return make_launch<K>(dim3(static_cast<unsigned>(staged_blocks<K>(a))), dim3(32 * K::kWarps), a, K::smem(a));
+}
+
+template <TensorType T1, TensorType T2, bool kRope>
+Launch staged_pair(const GemvArgs& a1, const GemvArgs& a2) {
+    using K1 = GemvStaged<T1, kRope>;
+    using K2 = GemvStaged<T2, kRope>;
+    using P = StagedPair<K1, K2>;
+    static_assert(K1::kWarps == K2::kWarps, "one block size");
+    static const bool sized = allow_smem<P>(std::max(K1::kWeightSmem, K2::kWeightSmem) + kMaxStagedCols / 32 * 3 * sizeof(int4));
+    (void)sized;
+    const int64_t b1 = staged_blocks<K1>(a1), b2 = staged_blocks<K2>(a2);
+    return make_launch<P>(dim3(static_cast<unsigned>(b1 + b2)), dim3(32 * K1::kWarps), typename P::Args{a1, a2, b1},
+                          std::max(K1::smem(a1), K2::smem(a2)));
+}
+
+// The format pairs that run as one launch (the mixes' Q·K and V types; others take two).
+#define ER_PAIRS(X) X(Q4_K, Q6_K) X(Q5_K, Q6_K) X(Q4_K, Q5_K) X(Q5_0, Q8_0)
 
 // A step of one token (decode) takes the one-token kernel; several tokens share weight loads
 // eight at a time.
 template <TensorType T>
 Launch launch(const GemvArgs& a) {
-    const int64_t rows = a.glu != Glu::None ? a.part[0].rows : a.part[0].rows + (a.n_parts > 1 ? a.part[1].rows : 0) + (a.n_parts > 2 ? a.part[2].rows : 0);
+    const int64_t rows = rows_of(a);
     const dim3 block(32 * kWarpsPerBlock);
     const unsigned row_blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
     if (a.n_tokens == 1) {
         if constexpr (QuantDot<T>::kFast) {
-            if (a.xq_out) return staged<GemvStaged<T, false, true>>(a, rows);
-            return a.rope.pos0 ? staged<GemvStaged<T, true>>(a, rows) : staged<GemvStaged<T, false>>(a, rows);
+            if (a.xq_out) return staged<GemvStaged<T, false, true>>(a);
+            return a.rope.pos0 ? staged<GemvStaged<T, true>>(a) : staged<GemvStaged<T, false>>(a);
         }
         else return make_launch<Gemv<T, 1>>(dim3(row_blocks, 1), block, a);
     }
@@ -423,6 +468,27 @@ bool gemv_quantizes_out(TensorType type, const GemvArgs& a) {
         default: return false;
     }
     return a.cols <= 32 * chunk_units;
+}
+
+bool gemv_pairs(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs& a2) {
+    auto alone = [](const GemvArgs& a) { return a.n_tokens == 1 && a.glu == Glu::None && !a.xq_out && !a.accumulate; };
+    if (!alone(a1) || !alone(a2) || a1.xq != a2.xq || a1.cols != a2.cols || (a1.rope.pos0 == nullptr) != (a2.rope.pos0 == nullptr)) return false;
+#define ER_PAIR(A, B) if (t1 == TensorType::A && t2 == TensorType::B) return true;
+    ER_PAIRS(ER_PAIR)
+#undef ER_PAIR
+    return false;
+}
+
+Launch gemv_pair(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs& a2) {
+    if (!gemv_pairs(t1, a1, t2, a2)) throw std::logic_error("these two GEMVs cannot run as one launch (gemv_pairs)");
+    const bool rope = a1.rope.pos0 != nullptr;
+#define ER_PAIR(A, B)                                                         \
+    if (t1 == TensorType::A && t2 == TensorType::B)                           \
+        return rope ? staged_pair<TensorType::A, TensorType::B, true>(a1, a2) \
+                    : staged_pair<TensorType::A, TensorType::B, false>(a1, a2);
+    ER_PAIRS(ER_PAIR)
+#undef ER_PAIR
+    throw std::logic_error("gemv_pair");
 }
 
 bool gemv_ropes(TensorType type, const GemvArgs& a) {

@@ -74,6 +74,13 @@ size_t smem_per_block();
 // (GemvArgs::xh, rows on 16-byte boundaries: xh and xh_stride · 2 multiples of 16).
 Launch gemm(TensorType type, const GemvArgs& args);
 
+// Two one-token GEMVs of different formats reading the same int8 input (Q·K and a V of another
+// type) as one launch, each half of its blocks running its own format's kernel: the second no
+// longer waits for the first to finish. gemv_pairs: whether they can (the format pairs of the
+// quantization mixes, no gate, no residual, both with RoPE or neither).
+bool gemv_pairs(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs& a2);
+Launch gemv_pair(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs& a2);
+
 // Whether the type's GEMV reads int8 activations (GemvArgs::xq) rather than floats.
 bool gemv_wants_q8(TensorType type);
 // Whether args.rope can be given: one token of an int8 format (the staged kernel), no gate.

@@ -167,6 +167,7 @@ struct Step {
     bool rope_by_gemv = false;  // RopeKv: done by the Q/K/V GEMVs before it (rope_folds)
     int32_t rope_step = -1;     // Gemv: the index of that RopeKv step, whose work it does
     bool q8_for_next = false;   // gated Gemv: writes the int8 copy the next GEMV reads (quantizes_for_next)
+    bool pair_next = false;     // Gemv: one launch with the next step's GEMV (pairs_with_next, gemv_pairs)
 };
 
 class Runner final : public StepRunner {
@@ -339,6 +340,9 @@ private:
     // Whether the gated GEMV step k can write the int8 copy of its output that the GEMV after it
     // reads (one token; gemv_quantizes_out), so no quantize kernel runs between them.
     bool quantizes_for_next(size_t k) const;
+    // Whether Gemv step k and the one after it run as one launch in one-token steps.
+    bool pairs_with_next(size_t k) const;
+    GemvArgs gemv_args(size_t k, int64_t n, int64_t first, StepBlock* b) const;
     // The step's launches against step block `b` (a chained step's draw also goes to `next`'s
     // input token).
     void compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next = nullptr) const;
@@ -521,6 +525,20 @@ void Runner::fuse() {
         }
         steps_[k].q8_for_next = quantizes_for_next(k);
     }
+    for (size_t k = 0; k < steps_.size(); ++k) steps_[k].pair_next = pairs_with_next(k);
+}
+
+// Two GEMV steps in a row on the same input in two formats (Q·K, then a V of another type): one
+// launch in a one-token step (where gemv_pairs takes their arguments).
+bool Runner::pairs_with_next(size_t k) const {
+    if (k + 1 >= steps_.size() || (k > 0 && steps_[k - 1].pair_next)) return false;
+    const Step& s = steps_[k];
+    const Step& t = steps_[k + 1];
+    auto plain = [](const Step& g) {
+        return g.kind == Step::Gemv && g.glu == cuda::Glu::None && !g.op.accumulate && !g.q8_for_next && !g.op.tail && gemv_wants_q8(g.op.weight->type);
+    };
+    return plain(s) && plain(t) && t.op.in == s.op.in && t.input_ready && t.op.weight->type != s.op.weight->type &&
+           (s.rope_step < 0) == (t.rope_step < 0);
 }
 
 bool Runner::rope_folds(size_t k) const {
@@ -554,6 +572,46 @@ bool Runner::quantizes_for_next(size_t k) const {
     a.part[0].rows = s.parts[0]->weight->rows;
     a.cols = s.op.weight->cols;
     return a.part[0].rows == next.op.weight->cols && gemv_quantizes_out(s.op.weight->type, a);
+}
+
+// Step k's GEMV arguments for a step of n tokens whose first row is `first`.
+GemvArgs Runner::gemv_args(size_t k, int64_t n, int64_t first, StepBlock* b) const {
+    const Step& s = steps_[k];
+    const Op& op = s.op;
+    const Weight& w = *op.weight;
+    const bool from_glu = n == 1 && k > 0 && steps_[k - 1].q8_for_next;  // the int8 input is in qglu_
+    GemvArgs a;
+    for (int i = 0; i < s.n_parts; ++i) {
+        const Op& p = *s.parts[i];
+        a.part[i] = GemvPart{(*w_)(p.weight), reinterpret_cast<const float*>((*w_)(p.bias)), row(p.out, first), p.weight->rows,
+                             width(p.out)};
+    }
+    a.n_parts = s.n_parts;
+    a.glu = s.glu;
+    a.row_bytes = w.row_bytes;
+    a.cols = w.cols;
+    a.n_tokens = n - first;
+    a.x = row(op.in, first);
+    a.x_stride = width(op.in);
+    a.xq = from_glu ? reinterpret_cast<QBlock*>(qglu_.get()) : qrow(first);
+    a.xq_stride = q_stride();
+    a.xh = hbuf_ ? hrow(first) : nullptr;
+    a.xh_stride = h_stride();
+    a.accumulate = op.accumulate;
+    if (n == 1 && s.rope_step >= 0) {
+        const Step& r = steps_[static_cast<size_t>(s.rope_step)];
+        const int64_t l = r.layer;
+        a.rope = GemvRope{&b->pos0, inv_freq_.get() + (r.local_rope ? c_.rope_dim / 2 : 0), c_.rope_linear_scale,
+                          c_.rope_attn_factor, static_cast<int32_t>(c_.head_dim), static_cast<int32_t>(c_.rope_dim),
+                          kv_->capacity[static_cast<size_t>(l)], kv_->slot_bytes, kv_->type == KvType::F16};
+        for (int p = 0; p < s.n_parts; ++p) {
+            const Buf o = s.parts[p]->out;
+            a.part[p].rope = o == Buf::Q || o == Buf::K;
+            a.part[p].cache = o == Buf::K ? kv_->k(l) : o == Buf::V ? kv_->v(l) : nullptr;
+        }
+    }
+    if (n == 1 && s.q8_for_next) a.xq_out = reinterpret_cast<QBlock*>(qglu_.get());
+    return a;
 }
 
 // The step's launches, arguments resolved against this step's size.
@@ -590,37 +648,15 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 } else if (s.quantize && !from_glu) {
                     out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
                 }
-                GemvArgs a;
-                for (int i = 0; i < s.n_parts; ++i) {
-                    const Op& p = *s.parts[i];
-                    a.part[i] = GemvPart{(*w_)(p.weight), reinterpret_cast<const float*>((*w_)(p.bias)), row(p.out, first), p.weight->rows,
-                                         width(p.out)};
-                }
-                a.n_parts = s.n_parts;
-                a.glu = s.glu;
-                a.row_bytes = w.row_bytes;
-                a.cols = w.cols;
-                a.n_tokens = n - first;
-                a.x = row(op.in, first);
-                a.x_stride = width(op.in);
-                a.xq = from_glu ? reinterpret_cast<QBlock*>(qglu_.get()) : qrow(first);
-                a.xq_stride = q_stride();
-                a.xh = hbuf_ ? hrow(first) : nullptr;
-                a.xh_stride = h_stride();
-                a.accumulate = op.accumulate;
-                if (n == 1 && s.rope_step >= 0) {
-                    const Step& r = steps_[static_cast<size_t>(s.rope_step)];
-                    const int64_t l = r.layer;
-                    a.rope = GemvRope{&b->pos0, inv_freq_.get() + (r.local_rope ? c_.rope_dim / 2 : 0), c_.rope_linear_scale,
-                                      c_.rope_attn_factor, static_cast<int32_t>(c_.head_dim), static_cast<int32_t>(c_.rope_dim),
-                                      kv_->capacity[static_cast<size_t>(l)], kv_->slot_bytes, kv_->type == KvType::F16};
-                    for (int p = 0; p < s.n_parts; ++p) {
-                        const Buf o = s.parts[p]->out;
-                        a.part[p].rope = o == Buf::Q || o == Buf::K;
-                        a.part[p].cache = o == Buf::K ? kv_->k(l) : o == Buf::V ? kv_->v(l) : nullptr;
+                GemvArgs a = gemv_args(k, n, first, b);
+                if (n == 1 && s.pair_next) {  // with the next step's GEMV as one launch
+                    const GemvArgs a2 = gemv_args(k + 1, n, first, b);
+                    if (gemv_pairs(w.type, a, steps_[k + 1].op.weight->type, a2)) {
+                        out->push_back(gemv_pair(w.type, a, steps_[k + 1].op.weight->type, a2));
+                        ++k;
+                        break;
                     }
                 }
-                if (n == 1 && s.q8_for_next) a.xq_out = reinterpret_cast<QBlock*>(qglu_.get());
                 out->push_back(gemv(w.type, a));
                 break;
             }
