@@ -134,8 +134,10 @@ struct RopeKv {
         const bool is_q = h < a.n_head;
         float* x[kTokens];
 #pragma unroll
-        for (int j = 0; j < kTokens; ++j)
-            x[j] = is_q ? a.q + ((t0 + j) * a.n_head + h) * a.head_dim : a.k + (t0 + j) * kv_dim + static_cast<int64_t>(h - a.n_head) * a.head_dim;
+        for (int j = 0; j < kTokens; ++j) {
+            const int64_t t = t0 + (j < nt ? j : 0);  // (past the last token: a row that exists, never read)
+            x[j] = is_q ? a.q + (t * a.n_head + h) * a.head_dim : a.k + t * kv_dim + static_cast<int64_t>(h - a.n_head) * a.head_dim;
+        }
         for (int i = threadIdx.x; i < half; i += blockDim.x) {
             const int i0 = a.neox ? i : 2 * i, i1 = a.neox ? i + half : 2 * i + 1;
             float v0[kTokens] = {}, v1[kTokens] = {};

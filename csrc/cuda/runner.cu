@@ -1,5 +1,6 @@
 // The CUDA backend's step runner. At prepare time the plan's ops are fused into steps (RMSNorm
-// that also quantizes its row for the next matmuls; Q, K and V as one GEMV; RoPE + KV write
+// that also quantizes its row for the next matmuls; Q, K and V as one GEMV (in a one-token step
+// also where V has another format than Q and K: pairs_with_next); RoPE + KV write
 // (in a one-token step of llama-style RoPE, done by the Q, K and V GEMVs as they store their
 // rows: rope_folds); attention that quantizes its output; gate + up + activation as one GEMV
 // (in a small one-token step also writing the down projection's int8 input:
@@ -648,7 +649,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 } else if (s.quantize && !from_glu) {
                     out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
                 }
-                GemvArgs a = gemv_args(k, n, first, b);
+                const GemvArgs a = gemv_args(k, n, first, b);
                 if (n == 1 && s.pair_next) {  // with the next step's GEMV as one launch
                     const GemvArgs a2 = gemv_args(k + 1, n, first, b);
                     if (gemv_pairs(w.type, a, steps_[k + 1].op.weight->type, a2)) {
