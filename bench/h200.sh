@@ -14,6 +14,10 @@
 #                                         .ab/base`) into /tmp/site-base, for A/B runs in one call:
 #                                         PYTHONPATH=/tmp/site-base:/tmp/site python3 -m bench ... (the base),
 #                                         the same without /tmp/site-base (this tree)
+#   bench/h200.sh variants                build every tree in .ab/v/NAME (never committed: `git archive REV | tar -x
+#                                         -C .ab/v/NAME`) into /tmp/site-NAME, side by side (after `setup`)
+#   bench/h200.sh ab [bench args]         this tree and then each variant, recorded, one after the other on every
+#                                         file in /tmp/m (ROUNDS=2: twice over): the A/B runs of bench/NOTES.md
 #   bench/h200.sh peer                    build llama.cpp's CUDA llama-bench from the sdist source carried in
 #                                         .peer/ (never committed) into /tmp/peer (~5 min); then
 #                                         `bench/h200.sh bench --peer /tmp/peer/bin/llama-bench` runs it on
@@ -74,6 +78,27 @@ case "${1:-}" in
   base)
     cd .ab/base && CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -q \
       -C cmake.define.EDGERUNNER_CUDA=ON -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -C build-dir=/tmp/bb --target /tmp/site-base . ;;
+  variants)
+    pids=()
+    for d in .ab/v/*/; do
+      [ -d "$d" ] || { echo "no trees in .ab/v"; exit 1; }
+      n=$(basename "$d")
+      (cd "$d" && CMAKE_BUILD_PARALLEL_LEVEL=8 python3 -m pip install --no-build-isolation --no-deps -q -C cmake.define.EDGERUNNER_CUDA=ON \
+        -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -C build-dir=/tmp/bb-$n --target /tmp/site-$n .) > /tmp/build-$n.log 2>&1 &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || { echo "a variant build failed (/tmp/build-*.log)"; exit 1; }; done ;;
+  ab)
+    shift
+    for round in $(seq "${ROUNDS:-1}"); do
+      for d in this .ab/v/*/; do
+        [ "$d" = this ] || [ -d "$d" ] || continue
+        n=$(basename "$d")
+        echo "== $n"
+        site=/tmp/site; [ "$n" = this ] || site=/tmp/site-$n:/tmp/site
+        PYTHONPATH=$site timeout 250 python3 -m bench /tmp/m/*.gguf --backend cuda --dispatch recorded --reps 3 "$@" | grep -E "gguf"
+      done
+    done ;;
   peer)
     mkdir -p /tmp/peer && cd .peer/llama.cpp
     cmake -S . -B /tmp/peer -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
@@ -82,5 +107,5 @@ case "${1:-}" in
     cmake --build /tmp/peer --target llama-bench -j 16 > /tmp/peer-build.log 2>&1 ||
       { grep -m 3 -B 2 -A 12 -E "error|Killed" /tmp/peer-build.log; tail -3 /tmp/peer-build.log; exit 1; }
     tail -1 /tmp/peer-build.log ;;
-  *) sed -n 2,25p "$0"; exit 2 ;;
+  *) sed -n 2,29p "$0"; exit 2 ;;
 esac
