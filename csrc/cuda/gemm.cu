@@ -329,27 +329,27 @@ struct Gemm {
 };
 
 template <TensorType T, int kSplit>
-Launch launch(const GemvArgs& a, dim3 grid) {
+Launch launch(const GemvArgs& a, dim3 grid, bool aligned) {
     using K = Gemm<T, kSplit>;
     static const bool sized = allow_smem<K>(K::kSmem);
     (void)sized;
-    return make_launch<K>(grid, dim3(K::kThreads), a, K::smem(rows_aligned(a)));
+    return make_launch<K>(grid, dim3(K::kThreads), a, K::smem(aligned));
 }
 
 template <TensorType T>
 Launch launch(const GemvArgs& a) {
-    if (kHalfPieces<MmaUnit<T>> > 0 && !rows_aligned(a))  // staged as 16-byte pieces
+    const bool aligned = rows_aligned(a);
+    if (kHalfPieces<MmaUnit<T>> > 0 && !aligned)  // staged as 16-byte pieces
         throw std::logic_error("the tensor-core GEMM reads " + std::string(tensor_type_name(T)) + " weights from 16-byte boundaries");
-    const int64_t rows = a.glu != Glu::None ? a.part[0].rows
-                                            : a.part[0].rows + (a.n_parts > 1 ? a.part[1].rows : 0) + (a.n_parts > 2 ? a.part[2].rows : 0);
+    const int64_t rows = gemv_rows(a);
     const int64_t per_block = a.glu != Glu::None ? kBM / 2 : kBM;
     const dim3 grid(static_cast<unsigned>((a.n_tokens + kBN - 1) / kBN), static_cast<unsigned>((rows + per_block - 1) / per_block));
     // Four warps a block where the blocks fill the GPU one and a half times or more, else eight
     // (measured on the H200, 132 SMs: 8B's 256-block down and output projections gain from four,
     // 1B's 192-block QKV and SmolLM2's 192-block gate·up lose) — where eight's stages fit
     const bool wide = static_cast<int64_t>(grid.x) * grid.y * 2 >= 3 * static_cast<int64_t>(sm_count()) ||
-                      Gemm<T, 2>::smem(rows_aligned(a)) > smem_per_block();
-    return wide ? launch<T, 1>(a, grid) : launch<T, 2>(a, grid);
+                      Gemm<T, 2>::smem(aligned) > smem_per_block();
+    return wide ? launch<T, 1>(a, grid, aligned) : launch<T, 2>(a, grid, aligned);
 }
 
 }  // namespace

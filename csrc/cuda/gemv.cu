@@ -304,15 +304,11 @@ struct StagedPair {
     }
 };
 
-int64_t rows_of(const GemvArgs& a) {
-    return a.glu != Glu::None ? a.part[0].rows : a.part[0].rows + (a.n_parts > 1 ? a.part[1].rows : 0) + (a.n_parts > 2 ? a.part[2].rows : 0);
-}
-
 template <class K>
 int64_t staged_blocks(const GemvArgs& a) {
     if (a.cols > kMaxStagedCols)
         throw std::invalid_argument("the CUDA GEMV takes rows of up to " + std::to_string(kMaxStagedCols) + " columns");
-    const int64_t rows = rows_of(a), warps = a.glu != Glu::None ? rows : (rows + kSlots - 1) / kSlots;
+    const int64_t rows = gemv_rows(a), warps = a.glu != Glu::None ? rows : (rows + kSlots - 1) / kSlots;
     return (warps + K::kWarps - 1) / K::kWarps;
 }
 
@@ -343,7 +339,7 @@ Launch staged_pair(const GemvArgs& a1, const GemvArgs& a2) {
 // eight at a time.
 template <TensorType T>
 Launch launch(const GemvArgs& a) {
-    const int64_t rows = rows_of(a);
+    const int64_t rows = gemv_rows(a);
     const dim3 block(32 * kWarpsPerBlock);
     const unsigned row_blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
     if (a.n_tokens == 1) {
@@ -468,6 +464,10 @@ bool gemv_quantizes_out(TensorType type, const GemvArgs& a) {
         default: return false;
     }
     return a.cols <= 32 * chunk_units;
+}
+
+int64_t gemv_rows(const GemvArgs& a) {
+    return a.glu != Glu::None ? a.part[0].rows : a.part[0].rows + (a.n_parts > 1 ? a.part[1].rows : 0) + (a.n_parts > 2 ? a.part[2].rows : 0);
 }
 
 bool gemv_pairs(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs& a2) {

@@ -61,6 +61,9 @@ struct GemvArgs {
     QBlock* xq_out = nullptr;  // gated: also act(gate)·up as int8 blocks (gemv_quantizes_out)
 };
 
+// The rows a GEMV computes: its parts' together, or with a gate the gate's (each joined with its up row).
+int64_t gemv_rows(const GemvArgs& args);
+
 // Picks the kernel: the tensor-core GEMM (gemm.cu) where gemm_takes, else a GEMV (one token, or
 // eight tokens per weight load).
 Launch gemv(TensorType type, const GemvArgs& args);
