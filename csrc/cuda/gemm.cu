@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -328,6 +329,306 @@ struct Gemm {
     }
 };
 
+// ---- Hopper (sm_90a): warpgroup MMA, both operands from shared memory ----
+//
+// wgmma reads its operands from shared memory and runs asynchronously: a warpgroup (four warps)
+// issues a tile's multiplies and goes on converting the next tile's weights while the tensor
+// cores work, so the issue and latency limits of mma.sync (every operand through registers, two
+// to three warps per scheduler) no longer bind. Both operands are K-major bf16 tiles in the
+// 128-byte swizzled layout: rows of 64 values (128 bytes) in atoms of eight rows, 16-byte chunk c
+// of row r stored at chunk c ^ (r mod 8), a tile's 128 values of K as two such columns of atoms.
+
+// A shared-memory matrix descriptor: K-major, 128-byte swizzle, eight-row atoms 1024 bytes apart.
+__device__ __forceinline__ uint64_t wg_desc(const void* p) {
+    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+    return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | static_cast<uint64_t>(1) << 16 | static_cast<uint64_t>(1024 >> 4) << 32 |
+           static_cast<uint64_t>(1) << 62;
+}
+// Where 16-byte chunk `chunk` (0..15: K values 8·chunk..) of row `row` of a swizzled 128-value tile lies.
+__device__ __forceinline__ int wg_offset(int row, int chunk, int rows) {
+    return (chunk / 8) * (rows * 128) + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Shared memory written by threads (stores, cp.async) made visible to the tensor cores' reads.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// The accumulators as the compiler sees them: not read or moved across an asynchronous multiply.
+template <int N>
+__device__ __forceinline__ void wg_fence_regs(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (64 rows × kN tokens, float) += A (64 × 16 bf16) · B (kN × 16 bf16)ᵀ. Thread (warp w, lane g·4
+// + t) holds d[4j + e]: row 16w + g + 8·(e / 2), token 8j + 2t + e % 2.
+template <int kN>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[kN / 2], uint64_t a, uint64_t b);
+template <>
+__device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint64_t b) {
+#define ER_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %66, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;}"
+                 : ER_F8(0), ER_F8(8), ER_F8(16), ER_F8(24), ER_F8(32), ER_F8(40), ER_F8(48), ER_F8(56)
+                 : "l"(a), "l"(b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16<64>(float (&d)[32], uint64_t a, uint64_t b) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %34, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;}"
+                 : ER_F8(0), ER_F8(8), ER_F8(16), ER_F8(24)
+                 : "l"(a), "l"(b), "r"(1));
+#undef ER_F8
+}
+
+// The GEMM on Hopper: 128 weight rows × kN tokens a block, two warpgroups of 64 rows × kN. Per K
+// tile (128 values) a warpgroup decodes its rows' scales once (shared memory, as the mma.sync
+// kernel) and converts its 64 rows into a bf16 tile with the same to_bf16 (the same weights, bit
+// for bit), double-buffered: tile k + 1 is converted while the tensor cores multiply tile k. The
+// raw weight bytes (a ring of two or three stages, as many tiles ahead) and the bf16 activations
+// (three stages, straight into their swizzled places, two tiles ahead) arrive by cp.async. One
+// block barrier a tile. Gated: a warp's 16 rows are 8 gate rows and the same 8 up rows, so a gate value
+// and its up value are accumulated by one thread.
+template <TensorType T, int kN, bool kAligned>
+struct GemmWg {
+    using Args = GemvArgs;
+    using M = MmaUnit<T>;
+    static constexpr int kRows = 128, kTokens = kN, kThreads = 256, kTokenStages = 3;
+    static constexpr int kBlockThreads = kThreads, kMinBlocks = 1;
+    static constexpr int kBlockBytes = sizeof(typename M::Block);
+    static constexpr int kHalf = kHalfPieces<M>;
+    static constexpr int kRawBytes = kHalf ? 16 * kHalf : (M::kUnits == 1 ? kTileUnits : 1) * kBlockBytes;
+    static constexpr int kStep = M::kUnits == 1 ? kTileUnits * kBlockBytes : kBlockBytes;
+    static constexpr int kRowStride = pad_stride(kRawBytes + (kHalf ? 0 : 15));
+    static constexpr int kRowStrideAligned = pad_stride(kRawBytes + (kHalf ? 0 : 16 - gcd16(kStep)));
+    static constexpr int kWeightTile = kRows * 128 * 2, kTokenTile = kN * 128 * 2;  // bf16 operand tiles
+    using Rec = ScaleRecord<M>;
+    static constexpr int kRecBytes = kTileUnits * kRows * Rec::kWords * 4;
+    // rows on 16-byte boundaries (rows_aligned): a tile's phase in its row is its offset's
+    static constexpr int kStride = kAligned ? kRowStrideAligned : kRowStride;
+    static constexpr size_t kMaxSmem = 227 * 1024;
+    static constexpr size_t smem(int raw) { return 1024 + 2 * kWeightTile + kTokenStages * kTokenTile + static_cast<size_t>(raw) * kRows * kStride + kRecBytes; }
+    // raw stages: three where they fit (the copy two tiles ahead of the conversion), else two
+    static constexpr int kRaw = smem(3) <= kMaxSmem ? 3 : 2;
+    static constexpr bool kFits = smem(2) <= kMaxSmem;
+    static constexpr size_t kSmem = smem(kRaw);
+    static_assert(M::kUnits == 1 || M::kUnits % kTileUnits == 0, "a tile within one super-block");
+
+    // Row slot s of block `bx` → (part, row), or part -1 past the end. Gated: slots 16i .. 16i + 7
+    // are gate rows 8i .. 8i + 7 of the block, slots 16i + 8 .. 16i + 15 the same up rows.
+    static __device__ int slot_row(const Args& a, int64_t bx, int s, int64_t* r) {
+        if (a.glu != Glu::None) {
+            *r = bx * (kRows / 2) + (s / 16) * 8 + s % 8;
+            return *r < a.part[0].rows ? (s % 16) / 8 : -1;
+        }
+        int64_t row = bx * kRows + s;
+        for (int p = 0; p < 3; ++p) {
+            const int64_t rows = p == 0 ? a.part[0].rows : p == 1 ? a.part[1].rows : a.part[2].rows;
+            if (p < a.n_parts && row < rows) {
+                *r = row;
+                return p;
+            }
+            row -= rows;
+        }
+        return -1;
+    }
+    static __device__ uintptr_t row_at(const Args& a, int64_t bx, int s) {
+        int64_t r;
+        int p = slot_row(a, bx, s, &r);
+        if (p < 0) p = 0, r = a.part[0].rows - 1;  // a valid row to read: its results are never stored
+        return reinterpret_cast<uintptr_t>((p == 0 ? a.part[0].w : p == 1 ? a.part[1].w : a.part[2].w) + static_cast<size_t>(r) * a.row_bytes);
+    }
+    static __device__ int64_t tile_byte(int k) { return static_cast<int64_t>(k) * kTileUnits / M::kUnits * kBlockBytes; }
+    static __device__ int tile_unit(int k) { return k * kTileUnits % M::kUnits; }
+
+    static __device__ void run(const Args& a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        extern __shared__ uint4 smem_lines[];
+        // (the 1024-byte boundary the swizzle needs, found by pointer arithmetic: shared loads stay shared loads)
+        uint8_t* smem = reinterpret_cast<uint8_t*>(smem_lines) + ((1024 - (static_cast<unsigned>(__cvta_generic_to_shared(smem_lines)) & 1023)) & 1023);
+        allow_next();
+        const int tid = threadIdx.x, wg = tid / 128, wt = tid % 128, warp = wt / 32, lane = tid % 32;
+        const int g = lane / 4, t = lane % 4;
+        const int64_t bx = blockIdx.y, n0 = static_cast<int64_t>(blockIdx.x) * kN;
+        const int64_t n_units = a.cols / 32;
+        const int n_tiles = static_cast<int>((n_units + kTileUnits - 1) / kTileUnits);
+        constexpr int row_stride = kStride, n_raw = kRaw;
+        uint8_t* const weights = smem;                                  // two converted weight tiles
+        uint8_t* const tokens = weights + 2 * kWeightTile;              // kTokenStages activation tiles
+        uint8_t* const raw = tokens + kTokenStages * kTokenTile;        // n_raw stages of raw rows
+        uint32_t* const recs = reinterpret_cast<uint32_t*>(raw + n_raw * kRows * row_stride);  // [unit][slot][word]
+        auto raw_stage = [&](int k) { return raw + (k % n_raw) * (kRows * row_stride); };
+        auto token_stage = [&](int k) { return tokens + (k % kTokenStages) * kTokenTile; };
+        auto units_of = [&](int k) { return static_cast<int>(min(static_cast<int64_t>(kTileUnits), n_units - static_cast<int64_t>(k) * kTileUnits)); };
+
+        // Copy duties: two threads per row slot, and sixteen per token (piece tid mod 16 of tokens
+        // tid / 16 + 16i). Each copy's addresses are a base register and a constant, and a token
+        // pointer is advanced one tile before its copy is issued, not after (cp.async holds its
+        // address registers for a while: rewriting one at once stalls).
+        const uint8_t* my_row = reinterpret_cast<const uint8_t*>(row_at(a, bx, tid / 2));
+        const int half = tid % 2;
+        auto copy_weights = [&](int k) {
+            if (k >= n_tiles) return;
+            uint8_t* to = raw_stage(k) + (tid / 2) * row_stride + 16 * half;
+            if constexpr (kHalf > 0) {  // 16-byte aligned blocks: the pieces the tile's half reads
+                const uint8_t* from = my_row + tile_byte(k) + 16 * half;
+                const int h = tile_unit(k) / kTileUnits;
+#pragma unroll
+                for (int i = 0; i < (kHalf + 1) / 2; ++i) {
+                    const int piece = 2 * i + half;
+                    if (piece < kHalf) copy16(to + 32 * i, from + 32 * i + (piece < M::kHead ? 0 : 64 * h));
+                }
+            } else {
+                const int64_t bytes = M::kUnits == 1 ? units_of(k) * kBlockBytes : kBlockBytes;
+                const uintptr_t b = reinterpret_cast<uintptr_t>(my_row + tile_byte(k));
+                const uint8_t* lo = reinterpret_cast<const uint8_t*>(b & ~uintptr_t{15}) + 16 * half;
+                const int pieces = static_cast<int>(((b + bytes + 15) & ~uintptr_t{15}) - (b & ~uintptr_t{15})) / 16;
+#pragma unroll
+                for (int i = 0; i < (kStride / 16 + 1) / 2; ++i)
+                    if (2 * i + half < pieces) copy16(to + 32 * i, lo + 32 * i);
+            }
+        };
+        constexpr int kTokenCopies = kN * 16 / kThreads;
+        const int piece = tid % 16;
+        const uint16_t* tok_src[kTokenCopies];  // token tid / 16 + 16i's piece of the last tile copied
+#pragma unroll
+        for (int i = 0; i < kTokenCopies; ++i) tok_src[i] = a.xh + min(n0 + tid / 16 + 16 * i, a.n_tokens - 1) * a.xh_stride + 8 * piece;
+        const int tok_dst = wg_offset(tid / 16, piece, kN);  // (+ 2048 · i: the same swizzle row)
+        auto copy_tokens = [&](int k) {  // (called for k = 0, 1, 2, ... in turn)
+            uint8_t* to = token_stage(k) + tok_dst;
+            const bool on = k < n_tiles && piece < units_of(k) * 4;
+#pragma unroll
+            for (int i = 0; i < kTokenCopies; ++i) {
+                if (k > 0) tok_src[i] += kTileUnits * 32;
+                if (on) copy16(to + 2048 * i, tok_src[i]);
+            }
+        };
+
+        // This warpgroup's rows: slots 64·wg .. 64·wg + 63. A thread converts, per tile, the units
+        // of two of them (slots 64·wg + 8·(2·warp + h) + gr, h = 0, 1: eight rows per warp and unit,
+        // gr = 2·(g mod 4) + g / 4 so that each half warp's 8-byte stores meet every bank once) and
+        // decodes the scales of one slot for two units.
+        const int gr = 2 * (g % 4) + g / 4;
+        uintptr_t mine[2];
+        for (int h = 0; h < 2; ++h) mine[h] = row_at(a, bx, 64 * wg + 8 * (2 * warp + h) + gr);
+        const int scale_slot = 64 * wg + wt % 64, scale_u0 = (wt / 64) * 2;
+        const uintptr_t scaled = row_at(a, bx, scale_slot);
+        const int barrier = 1 + wg;  // the warpgroup's own (barrier 0 is __syncthreads')
+        auto wg_sync = [&] { asm volatile("bar.sync %0, 128;" ::"r"(barrier) : "memory"); };
+        // tile k's scales, then its rows converted into weight tile k % 2 (free: its multiplies are done)
+        auto prepare = [&](int k) {
+            const int units = units_of(k), u0 = tile_unit(k);
+            const int64_t offset = tile_byte(k);
+            const uint8_t* sa = raw_stage(k);
+            {
+                const uint8_t* row = sa + scale_slot * row_stride + ((scaled + offset) & 15);
+#pragma unroll
+                for (int v = 0; v < 2; ++v)
+                    if (scale_u0 + v < units) Rec::store(recs + ((scale_u0 + v) * kRows + scale_slot) * Rec::kWords, M::scale(row, u0 + scale_u0 + v));
+            }
+            wg_sync();
+            uint8_t* w = weights + (k % 2) * kWeightTile;
+            auto convert = [&](int h, int u) {
+                const int slot = 64 * wg + 8 * (2 * warp + h) + gr;
+                const uint2 q = M::quants(sa + slot * row_stride + ((mine[h] + offset) & 15), u0 + u, t);
+                const uint4 r = Rec::load(recs + (u * kRows + slot) * Rec::kWords);
+                uint32_t w0, w1, w2, w3;
+                to_bf16<M>(q.x, r.x, r.z, w0, w1);  // elements 32u + 4t ..
+                to_bf16<M>(q.y, r.y, r.w, w2, w3);  // elements 32u + 16 + 4t ..
+                const int chunk = 4 * u + t / 2;
+                *reinterpret_cast<uint2*>(w + wg_offset(slot, chunk, kRows) + 8 * (t % 2)) = make_uint2(w0, w1);
+                *reinterpret_cast<uint2*>(w + wg_offset(slot, chunk + 2, kRows) + 8 * (t % 2)) = make_uint2(w2, w3);
+            };
+            if (units == kTileUnits) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int u = 0; u < kTileUnits; ++u) convert(h, u);
+            } else {
+                for (int h = 0; h < 2; ++h)
+                    for (int u = 0; u < units; ++u) convert(h, u);
+            }
+            fence_async_smem();
+            wg_sync();  // the tile is in for this warpgroup's multiplies; the records are free
+        };
+
+        // The first raw tiles before waiting for the input, then the first two activation tiles.
+        // Copy groups: the prologue's two (raw tiles 0 .. n_raw − 1 and activations 0; activations
+        // 1), then one a tile (tile k: activations k + 2, raw rows k + n_raw).
+        for (int k = 0; k < n_raw; ++k) copy_weights(k);
+        wait_inputs();
+        copy_tokens(0);
+        commit();
+        copy_tokens(1);
+        commit();
+        float acc[kN / 2];
+#pragma unroll
+        for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f;
+        wait_pending<1>();
+        __syncthreads();
+        prepare(0);
+        for (int k = 0; k < n_tiles; ++k) {
+            // Tile k's activations and tile k + 1's raw rows have landed for every thread (with
+            // three raw stages they are in the groups before the newest), and every warpgroup is
+            // done with tile k − 1: the stages it held are free.
+            wait_pending<n_raw == 3 ? 1 : 0>();
+            fence_async_smem();
+            __syncthreads();
+            copy_tokens(k + 2);       // (over tile k − 1's)
+            copy_weights(k + n_raw);  // (over tile k's raw rows, converted last iteration)
+            commit();
+            // tile k's multiplies, in flight while tile k + 1 is converted
+            wg_fence_regs(acc);
+            wg_fence();
+            {
+                const uint8_t* wa = weights + (k % 2) * kWeightTile + 64 * wg * 128;
+                const uint8_t* xb = token_stage(k);
+                auto step = [&](int s) {
+                    wgmma_bf16<kN>(acc, wg_desc(wa + (s / 4) * (kRows * 128) + (s % 4) * 32), wg_desc(xb + (s / 4) * (kN * 128) + (s % 4) * 32));
+                };
+                const int steps = 2 * units_of(k);
+                if (steps == 8) {  // (no branch between the multiplies of a whole tile)
+#pragma unroll
+                    for (int s = 0; s < 8; ++s) step(s);
+                } else {
+                    for (int s = 0; s < steps; ++s) step(s);
+                }
+            }
+            wg_commit();
+            if (k + 1 < n_tiles) prepare(k + 1);  // (weight tile (k + 1) % 2: tile k − 1's multiplies are done)
+            wg_wait<0>();
+        }
+        wg_fence_regs(acc);
+
+        // Out: d[4j + e] is slot 64·wg + 16·warp + g + 8·(e / 2), token n0 + 8j + 2t + e % 2.
+        const bool gated = a.glu != Glu::None;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int64_t r;
+            const int p = slot_row(a, bx, 64 * wg + 16 * warp + g + 8 * h, &r);
+            if (p < 0 || (gated && h == 1)) continue;  // (the up rows: consumed with their gate rows)
+            const GemvPart& part = p == 0 ? a.part[0] : p == 1 ? a.part[1] : a.part[2];
+            const float bias = part.bias ? part.bias[r] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int64_t tok = n0 + j * 8 + 2 * t + e;
+                    if (tok >= a.n_tokens) continue;
+                    float v = acc[4 * j + 2 * h + e];
+                    if (gated) v = gate_act(a.glu, v) * acc[4 * j + 2 + e];
+                    else v += bias;
+                    float* out = part.y + tok * part.y_stride + r;
+                    *out = a.accumulate ? *out + v : v;
+                }
+        }
+#else
+        (void)a;
+#endif
+    }
+};
+
 template <TensorType T, int kSplit>
 Launch launch(const GemvArgs& a, dim3 grid, bool aligned) {
     using K = Gemm<T, kSplit>;
@@ -336,11 +637,39 @@ Launch launch(const GemvArgs& a, dim3 grid, bool aligned) {
     return make_launch<K>(grid, dim3(K::kThreads), a, K::smem(aligned));
 }
 
+// The Hopper kernel (GemmWg) where the build has sm_90a machine code and the device is a
+// compute capability 9.0 one (EDGERUNNER_CUDA_WGMMA=0: the mma.sync kernel there too, for measurements).
+bool wgmma_device() {
+#if defined(ER_CUDA_SM90A)
+    static const bool yes = [] {
+        int device = 0, major = 0, minor = 0;
+        const char* env = std::getenv("EDGERUNNER_CUDA_WGMMA");
+        return !(env && std::string(env) == "0") && cudaGetDevice(&device) == cudaSuccess &&
+               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+               cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 && minor == 0;
+    }();
+    return yes;
+#else
+    return false;
+#endif
+}
+
+template <class K>
+Launch launch_wg(const GemvArgs& a) {
+    static const bool sized = allow_smem<K>(K::kSmem);
+    (void)sized;
+    const int64_t per_block = a.glu != Glu::None ? K::kRows / 2 : K::kRows;
+    const dim3 grid(static_cast<unsigned>((a.n_tokens + K::kTokens - 1) / K::kTokens), static_cast<unsigned>((gemv_rows(a) + per_block - 1) / per_block));
+    return make_launch<K>(grid, dim3(K::kThreads), a, K::kSmem);
+}
+
 template <TensorType T>
 Launch launch(const GemvArgs& a) {
     const bool aligned = rows_aligned(a);
     if (kHalfPieces<MmaUnit<T>> > 0 && !aligned)  // staged as 16-byte pieces
         throw std::logic_error("the tensor-core GEMM reads " + std::string(tensor_type_name(T)) + " weights from 16-byte boundaries");
+    if constexpr (GemmWg<T, 128, false>::kFits)
+        if (wgmma_device()) return aligned ? launch_wg<GemmWg<T, 128, true>>(a) : launch_wg<GemmWg<T, 128, false>>(a);
     const int64_t rows = gemv_rows(a);
     const int64_t per_block = a.glu != Glu::None ? kBM / 2 : kBM;
     const dim3 grid(static_cast<unsigned>((a.n_tokens + kBN - 1) / kBN), static_cast<unsigned>((rows + per_block - 1) / per_block));
