@@ -49,7 +49,12 @@ def scale_and_offset_magnitude(name, rows, w):
     return np.maximum(np.abs(w), np.abs(w2))
 
 
-def assert_matmul_close(name, rows, x, context):
+# The tensor-core GEMM's kernels this device has: mma.sync, and on Hopper warpgroup MMA (both
+# tested on every shape, whichever the engine would pick there)
+GEMM_KERNELS = ["mma.sync"] + (["wgmma"] if _core.cuda_available() and _core.cuda_gemm_has_wgmma() else [])
+
+
+def assert_matmul_close(name, rows, x, context, gemm="auto"):
     """Y = X W^T from the device against float64 on the dequantized weights, per element within
     the float32 bound n · 2^-24 · Σ|w x| (doubled for int8 activations) plus, where the kernel
     takes int8 activations, half a quantization step per value: Σ |w| · max|x_b| / 254. The
@@ -59,7 +64,7 @@ def assert_matmul_close(name, rows, x, context):
     all (1 + 2^-6)."""
     type_id = quants.type_id(name)
     n_tokens, n = x.shape
-    y = _core.cuda_matmul(type_id, rows, x)
+    y = _core.cuda_matmul(type_id, rows, x, gemm)
     assert y.shape == (n_tokens, rows.shape[0])
     w = quants.dequantize(rows.reshape(-1), name).astype(np.float64).reshape(rows.shape[0], n)
     x64 = x.astype(np.float64)
@@ -96,27 +101,49 @@ def test_gemv_equals_float64(name):
     assert_matmul_close(name, rows, random_activations(rng, 1, n), f"rows=20011 n={n} seed {seed}")
 
 
+@pytest.mark.parametrize("gemm", GEMM_KERNELS)
 @pytest.mark.parametrize("name", TYPES)
-def test_prefill_matmul_equals_float64(name):
+def test_prefill_matmul_equals_float64(name, gemm):
     """Several tokens: eight per weight load below 16 tokens; from 16 on the tensor-core GEMM for
     the int8 formats (Q4_0 … IQ4_XS), with row counts that leave its 128-row tiles partly empty,
-    token counts that leave its 64-token tiles partly empty, and K tiles cut short (3 and 9
-    blocks of 32: a last tile of 3 or 1 units)."""
+    token counts that leave its 64- or 128-token tiles partly empty, and K tiles cut short (3 and
+    9 blocks of 32: a last tile of 3 or 1 units); each of the GEMM's kernels."""
     seed = random.randrange(2**32)
     rng = np.random.default_rng(seed)
     for n_rows, blocks, n_tokens in ((37, 3, 8), (37, 3, 16), (200, 9, 77), (130, 18, 130), (8, 2, 300)):
         n = blocks * (256 if name in K_TYPES else 32)
         rows = random_weights(name, n_rows, n, rng)
-        assert_matmul_close(name, rows, random_activations(rng, n_tokens, n), f"rows={n_rows} n={n} tokens={n_tokens} seed {seed}")
+        context = f"rows={n_rows} n={n} tokens={n_tokens} gemm={gemm} seed {seed}"
+        assert_matmul_close(name, rows, random_activations(rng, n_tokens, n), context, gemm if n_tokens >= 16 and name in GEMM_TYPES else "auto")
 
 
-@pytest.mark.parametrize("name", [t for t in TYPES if t not in ("F32", "F16")])
-def test_prefill_matmul_wide_grid(name):
-    """Grids of 303 blocks (101 row tiles, the last partly empty, × 3 token tiles): the GEMM's
-    four-warp blocks (chosen from 1.5 blocks per SM: any GPU of up to 202 SMs), where the small
-    shapes above take its eight-warp ones. 12837 rows drawn from 257 random ones, K of 512."""
+# the formats the tensor-core GEMM takes (the GEMV's int8 ones)
+GEMM_TYPES = [t for t in TYPES if t not in ("F32", "F16", "BF16", "Q8_K")]
+
+
+@pytest.mark.parametrize("gemm", GEMM_KERNELS)
+@pytest.mark.parametrize("name", GEMM_TYPES)
+def test_prefill_matmul_wide_grid(name, gemm):
+    """Grids of 303 blocks (101 row tiles, the last partly empty, × 3 token tiles): the mma.sync
+    kernel's four-warp blocks (chosen from 1.5 blocks per SM: any GPU of up to 202 SMs), where the
+    small shapes above take its eight-warp ones; the wgmma kernel's blocks retiring and new ones
+    starting. 12837 rows drawn from 257 random ones, K of 512."""
     seed = random.randrange(2**32)
     rng = np.random.default_rng(seed)
     n = 512
     rows = random_weights(name, 257, n, rng)[rng.integers(0, 257, 12837)]
-    assert_matmul_close(name, rows, random_activations(rng, 130, n), f"rows=12837 n={n} tokens=130 seed {seed}")
+    assert_matmul_close(name, rows, random_activations(rng, 130, n), f"rows=12837 n={n} tokens=130 gemm={gemm} seed {seed}", gemm)
+
+
+@pytest.mark.parametrize("name", GEMM_TYPES)
+def test_prefill_matmul_engine_shape(name):
+    """The kernel the engine picks on a shape where Hopper takes wgmma (K of 1056: 8.25 tiles of
+    128; 45 blocks of 128 rows × 128 tokens; rows of 33 blocks, for the 32-element formats not on
+    16-byte boundaries), and the other kernel on the same inputs."""
+    seed = random.randrange(2**32)
+    rng = np.random.default_rng(seed)
+    n = 1056 if name not in K_TYPES else 1280
+    rows = random_weights(name, 257, n, rng)[rng.integers(0, 257, 1100)]
+    x = random_activations(rng, 600, n)
+    for gemm in ["auto"] + GEMM_KERNELS:
+        assert_matmul_close(name, rows, x, f"rows=1100 n={n} tokens=600 gemm={gemm} seed {seed}", gemm)

@@ -59,11 +59,18 @@ bool gemv_wants_q8(TensorType type);
 // registers) and of the activations, into float sums.
 bool gemm_takes(TensorType type, int64_t n_tokens);
 
+// The tensor-core GEMM's two kernels: mma.sync (every GPU from sm_80) and, on Hopper with
+// sm_90a code in the build, warpgroup MMA (wgmma). Auto: what the runner picks (gemm.cu).
+enum class GemmKernel { Auto, MmaSync, Wgmma };
+// Whether this build and device have the wgmma kernel.
+bool gemm_has_wgmma();
+
 // Y = W · X on the device, for the backend-ops tests and the kernel benchmarks: W is n_rows
 // rows of row_bytes raw blocks (n columns), X is n_tokens rows of n floats, Y n_tokens rows of
 // n_rows. The kernel the runner would pick for that many tokens (GEMV, or the tensor-core GEMM
-// from kPrefillKernelTokens = 16 on, launch.cuh). Uploads, runs, reads back.
+// from kPrefillKernelTokens = 16 on, launch.cuh; `kernel` names one of the GEMM's). Uploads,
+// runs, reads back.
 std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, size_t row_bytes, const float* x, int64_t n_tokens,
-                          int64_t n);
+                          int64_t n, GemmKernel kernel = GemmKernel::Auto);
 
 }  // namespace edgerunner::cuda

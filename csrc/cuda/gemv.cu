@@ -522,7 +522,7 @@ Launch gemv(TensorType type, const GemvArgs& args) {
 }
 
 std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, size_t row_bytes, const float* x, int64_t n_tokens,
-                          int64_t n) {
+                          int64_t n, GemmKernel kernel) {
     const int64_t q_stride = (n / 32 + 3) / 4 * 4;  // QBlocks per token row, rows on 16-byte boundaries (as the runner's)
     auto w = device_alloc<uint8_t>(static_cast<size_t>(n_rows) * row_bytes + 256);  // kernels may read up to 15 bytes past a row
     auto xd = device_alloc<float>(static_cast<size_t>(n_tokens * n));
@@ -548,7 +548,7 @@ std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, 
         args.xq = xq.get();
         args.xq_stride = q_stride;
     }
-    enqueue(gemv(type, args), nullptr, nullptr, false);
+    enqueue(gemm_takes(type, n_tokens) ? gemm(type, args, kernel) : gemv(type, args), nullptr, nullptr, false);
     std::vector<float> y(static_cast<size_t>(n_tokens * n_rows));
     ER_CUDA(cudaMemcpy(y.data(), yd.get(), y.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return y;

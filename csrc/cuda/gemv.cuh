@@ -75,7 +75,7 @@ size_t smem_per_block();
 
 // The tensor-core GEMM (gemm.cu), where gemm_takes (cuda.h): it reads the bf16 activations
 // (GemvArgs::xh, rows on 16-byte boundaries: xh and xh_stride · 2 multiples of 16).
-Launch gemm(TensorType type, const GemvArgs& args);
+Launch gemm(TensorType type, const GemvArgs& args, GemmKernel kernel = GemmKernel::Auto);
 
 // Two one-token GEMVs of different formats reading the same int8 input (Q·K and a V of another
 // type) as one launch, each half of its blocks running its own format's kernel: the second no

@@ -25,24 +25,31 @@ void bind_cuda(nb::module_& m) {
         return cuda::copy_bandwidth(n_bytes, reps);
     }, nb::arg("n_bytes") = size_t(1) << 30, nb::arg("reps") = 5, "Device-to-device copy bandwidth, GB/s (read + write).");
     m.def("cuda_matmul", [](uint32_t type_id, nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig> rows,
-                            nb::ndarray<const float, nb::ndim<2>, nb::c_contig> x) {
+                            nb::ndarray<const float, nb::ndim<2>, nb::c_contig> x, const std::string& gemm) {
         auto info = tensor_type_info(type_id);
         if (!info) throw std::invalid_argument("unknown tensor type id " + std::to_string(type_id));
+        if (gemm != "auto" && gemm != "mma.sync" && gemm != "wgmma")
+            throw std::invalid_argument("gemm must be 'auto', 'mma.sync' or 'wgmma', not '" + gemm + "'");
+        const cuda::GemmKernel kernel = gemm == "wgmma" ? cuda::GemmKernel::Wgmma : gemm == "mma.sync" ? cuda::GemmKernel::MmaSync : cuda::GemmKernel::Auto;
         const int64_t n_tokens = static_cast<int64_t>(x.shape(0)), n = static_cast<int64_t>(x.shape(1));
         if (n_tokens < 1 || n % info->block_size != 0 || rows.shape(1) != static_cast<size_t>(n / info->block_size * info->type_size))
             throw std::invalid_argument("rows and x sizes do not match the type's blocks");
         std::vector<float> y;
         {
             nb::gil_scoped_release release;
-            y = cuda::matmul(info->type, rows.data(), static_cast<int64_t>(rows.shape(0)), rows.shape(1), x.data(), n_tokens, n);
+            y = cuda::matmul(info->type, rows.data(), static_cast<int64_t>(rows.shape(0)), rows.shape(1), x.data(), n_tokens, n, kernel);
         }
         float* out = new float[y.size()];
         std::copy(y.begin(), y.end(), out);
         nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
         size_t shape[2] = {static_cast<size_t>(n_tokens), rows.shape(0)};
         return nb::ndarray<nb::numpy, float, nb::ndim<2>>(out, 2, shape, owner);
-    }, nb::arg("type_id"), nb::arg("rows"), nb::arg("x"),
-       "Y = X W^T on the CUDA device (W in its raw blocks, X one row per token): the kernel the engine picks for that many tokens.");
+    }, nb::arg("type_id"), nb::arg("rows"), nb::arg("x"), nb::arg("gemm") = "auto",
+       "Y = X W^T on the CUDA device (W in its raw blocks, X one row per token): the kernel the engine picks for that many tokens; "
+       "where that is the tensor-core GEMM, gemm='mma.sync' or 'wgmma' (Hopper, cuda_gemm_has_wgmma) names its kernel.");
+    m.def("cuda_gemm_has_wgmma", &cuda::gemm_has_wgmma,
+          "Whether the tensor-core GEMM has its Hopper kernel here (warpgroup MMA: a compute capability 9.0 device, a build with "
+          "sm_90a code, and EDGERUNNER_CUDA_WGMMA not 0).");
     m.def("cuda_gemv_int8", [](uint32_t type_id) {
         auto info = tensor_type_info(type_id);
         if (!info) throw std::invalid_argument("unknown tensor type id " + std::to_string(type_id));
