@@ -378,12 +378,6 @@ __device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint
     asm volatile("{.reg .pred p; setp.ne.b32 p, %66, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;}"
                  : ER_F8(0), ER_F8(8), ER_F8(16), ER_F8(24), ER_F8(32), ER_F8(40), ER_F8(48), ER_F8(56)
                  : "l"(a), "l"(b), "r"(1));
-}
-template <>
-__device__ __forceinline__ void wgmma_bf16<64>(float (&d)[32], uint64_t a, uint64_t b) {
-    asm volatile("{.reg .pred p; setp.ne.b32 p, %34, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;}"
-                 : ER_F8(0), ER_F8(8), ER_F8(16), ER_F8(24)
-                 : "l"(a), "l"(b), "r"(1));
 #undef ER_F8
 }
 
@@ -416,7 +410,6 @@ struct GemmWg {
     static constexpr size_t smem(int raw) { return 1024 + 2 * kWeightTile + kTokenStages * kTokenTile + static_cast<size_t>(raw) * kRows * kStride + kRecBytes; }
     // raw stages: three where they fit (the copy two tiles ahead of the conversion), else two
     static constexpr int kRaw = smem(3) <= kMaxSmem ? 3 : 2;
-    static constexpr bool kFits = smem(2) <= kMaxSmem;
     static constexpr size_t kSmem = smem(kRaw);
     static_assert(M::kUnits == 1 || M::kUnits % kTileUnits == 0, "a tile within one super-block");
 
@@ -659,6 +652,10 @@ bool wgmma_device() {
 #endif
 }
 
+// Whether a format's wgmma kernel fits a block's shared memory with two raw stages (rows anywhere).
+template <TensorType T>
+constexpr bool kWgmmaFits = GemmWg<T, 128, false>::smem(2) <= GemmWg<T, 128, false>::kMaxSmem;
+
 template <class K>
 Launch launch_wg(const GemvArgs& a) {
     static const bool sized = allow_smem<K>(K::kSmem);
@@ -682,10 +679,11 @@ Launch launch(const GemvArgs& a, GemmKernel kernel) {
     const bool aligned = rows_aligned(a);
     if (kHalfPieces<MmaUnit<T>> > 0 && !aligned)  // staged as 16-byte pieces
         throw std::logic_error("the tensor-core GEMM reads " + std::string(tensor_type_name(T)) + " weights from 16-byte boundaries");
-    if (kernel == GemmKernel::Wgmma && !(GemmWg<T, 128, false>::kFits && wgmma_device()))
+    const bool wgmma = kWgmmaFits<T> && wgmma_device() && GemmWg<T, 128, false>::kSmem <= smem_per_block();
+    if (kernel == GemmKernel::Wgmma && !wgmma)
         throw std::invalid_argument("the wgmma GEMM needs a compute capability 9.0 device and a build with sm_90a code");
-    if constexpr (GemmWg<T, 128, false>::kFits)
-        if (kernel == GemmKernel::Wgmma || (kernel == GemmKernel::Auto && wgmma_device() && wgmma_wanted(a)))
+    if constexpr (kWgmmaFits<T>)
+        if (wgmma && (kernel == GemmKernel::Wgmma || (kernel == GemmKernel::Auto && wgmma_wanted(a))))
             return aligned ? launch_wg<GemmWg<T, 128, true>>(a) : launch_wg<GemmWg<T, 128, false>>(a);
     const int64_t rows = gemv_rows(a);
     const int64_t per_block = a.glu != Glu::None ? kBM / 2 : kBM;
