@@ -122,18 +122,18 @@ constexpr int kHalfPieces = 0;
 template <class M>
 constexpr int kHalfPieces<M, std::void_t<decltype(M::kHalfPieces)>> = M::kHalfPieces;
 
-// kSplit warps share a block's 64 tokens: 1 (4 warps, each 32 slots × 64 tokens: a weight
-// converted once serves 64 tokens) for matrices with blocks enough to fill the GPU, 2 (8 warps of
-// 32 × 32: twice the warps on the same blocks) for small ones.
-template <TensorType T, int kSplit>
-struct Gemm {
+// What the two GEMM kernels share: a format's K tile as staged (the raw bytes a row's tile takes
+// and the shared-memory stride that holds them, where a tile starts in its row), and the row
+// slots of a block of kRows: a matrix's rows in order across the parts (Q, K, V), or gated runs
+// of kRun gate rows, each followed by the same kRun up rows.
+template <TensorType T, int kRows, int kRun>
+struct GemmTiles {
     using Args = GemvArgs;
     using M = MmaUnit<T>;
-    static constexpr int kWarpTokens = kBN / kSplit, kThreads = 128 * kSplit;
-    static constexpr int kBlockThreads = kThreads, kMinBlocks = kSplit == 1 ? 3 : 2;  // registers capped at 168, 128
     static constexpr int kBlockBytes = sizeof(typename M::Block);
     static constexpr int kHalf = kHalfPieces<M>;  // pieces of the half super-block a tile stages, or 0
     static_assert(kHalf == 0 || kTileUnits == M::kUnits / 2, "a staged half is a tile");
+    static_assert(M::kUnits == 1 || M::kUnits % kTileUnits == 0, "a tile within one super-block");
     // a row's staged bytes per tile, + room to start on the source's 16-byte phase: up to 15
     // bytes, or where rows_aligned only the phases tile offsets take (16 − gcd(tile step, 16):
     // Q8_0's 136-byte tiles start at 0 or 8)
@@ -141,6 +141,52 @@ struct Gemm {
     static constexpr int kStep = M::kUnits == 1 ? kTileUnits * kBlockBytes : kBlockBytes;
     static constexpr int kRowStride = pad_stride(kRawBytes + (kHalf ? 0 : 15));
     static constexpr int kRowStrideAligned = pad_stride(kRawBytes + (kHalf ? 0 : 16 - gcd16(kStep)));
+
+    // where tile k's weight bytes start in a row, and the tile's first unit within them
+    static __device__ int64_t tile_byte(int k) { return static_cast<int64_t>(k) * kTileUnits / M::kUnits * kBlockBytes; }
+    static __device__ int tile_unit(int k) { return k * kTileUnits % M::kUnits; }
+
+    // Row slot s of block `bx` → (part, row), or part -1 past the end.
+    static __device__ int slot_row(const Args& a, int64_t bx, int s, int64_t* r) {
+        if (a.glu != Glu::None) {
+            *r = bx * (kRows / 2) + (s / (2 * kRun)) * kRun + s % kRun;
+            return *r < a.part[0].rows ? (s % (2 * kRun)) / kRun : -1;
+        }
+        int64_t row = bx * kRows + s;
+        for (int p = 0; p < 3; ++p) {
+            const int64_t rows = p == 0 ? a.part[0].rows : p == 1 ? a.part[1].rows : a.part[2].rows;
+            if (p < a.n_parts && row < rows) {
+                *r = row;
+                return p;
+            }
+            row -= rows;
+        }
+        return -1;
+    }
+    // Where slot s's row starts in global memory (a staged tile lies at (row + tile offset) mod 16
+    // in its slot, as the copy keeps the source's phase); past the end a valid row to read, whose
+    // results are never stored.
+    static __device__ const uint8_t* row_at(const Args& a, int64_t bx, int s) {
+        int64_t r;
+        int p = slot_row(a, bx, s, &r);
+        if (p < 0) p = 0, r = a.part[0].rows - 1;
+        return (p == 0 ? a.part[0].w : p == 1 ? a.part[1].w : a.part[2].w) + static_cast<size_t>(r) * a.row_bytes;
+    }
+};
+
+// kSplit warps share a block's 64 tokens: 1 (4 warps, each 32 slots × 64 tokens: a weight
+// converted once serves 64 tokens) for matrices with blocks enough to fill the GPU, 2 (8 warps of
+// 32 × 32: twice the warps on the same blocks) for small ones. Gated: warp w's slots are 16 gate
+// rows then the same 16 up rows.
+template <TensorType T, int kSplit>
+struct Gemm : GemmTiles<T, kBM, 16> {
+    using Base = GemmTiles<T, kBM, 16>;
+    using typename Base::Args;
+    using typename Base::M;
+    using Base::kBlockBytes, Base::kHalf, Base::kRowStride, Base::kRowStrideAligned, Base::slot_row, Base::row_at, Base::tile_byte,
+        Base::tile_unit;
+    static constexpr int kWarpTokens = kBN / kSplit, kThreads = 128 * kSplit;
+    static constexpr int kBlockThreads = kThreads, kMinBlocks = kSplit == 1 ? 3 : 2;  // registers capped at 168, 128
     // a token's tile of bf16 values, + 32 bytes: the eight tokens of a fragment load land in
     // distinct banks
     static constexpr int kTokStride = kTileUnits * 64 + 32;
@@ -152,31 +198,6 @@ struct Gemm {
     static constexpr size_t smem(bool aligned) {
         return static_cast<size_t>(kStages) * (kBM * (aligned ? kRowStrideAligned : kRowStride) + kBN * kTokStride) + kRecBytes;
     }
-    static_assert(M::kUnits == 1 || M::kUnits % kTileUnits == 0, "a tile within one super-block");
-
-    // Row slot s of block `bx` → (part, row), or part -1 past the end. Gated: warp w's slots are
-    // 16 gate rows then the same 16 up rows.
-    static __device__ int slot_row(const Args& a, int64_t bx, int s, int64_t* r) {
-        if (a.glu != Glu::None) {
-            *r = bx * (kBM / 2) + (s / 32) * 16 + s % 16;
-            return *r < a.part[0].rows ? (s % 32) / 16 : -1;
-        }
-        int64_t row = bx * kBM + s;
-        for (int p = 0; p < 3; ++p) {
-            const int64_t rows = p == 0 ? a.part[0].rows : p == 1 ? a.part[1].rows : a.part[2].rows;
-            if (p < a.n_parts && row < rows) {
-                *r = row;
-                return p;
-            }
-            row -= rows;
-        }
-        return -1;
-    }
-
-    // where tile k's weight bytes start in a row, and the tile's first unit within them
-    static __device__ int64_t tile_byte(int k) { return static_cast<int64_t>(k) * kTileUnits / M::kUnits * kBlockBytes; }
-    static __device__ int tile_unit(int k) { return k * kTileUnits % M::kUnits; }
-
     static __device__ void run(const Args& a) {
         extern __shared__ uint4 smem_lines[];
         uint8_t* smem = reinterpret_cast<uint8_t*>(smem_lines);
@@ -192,13 +213,7 @@ struct Gemm {
 
         // Copy duties: kSplit threads per row slot; the tokens' pieces in turn (rows and tokens
         // past the end copy the last valid one: their results are never stored).
-        const uint8_t* my_row;
-        {
-            int64_t r;
-            int p = slot_row(a, bx, tid / kSplit, &r);
-            if (p < 0) p = 0, r = a.part[0].rows - 1;  // a valid row to copy
-            my_row = (p == 0 ? a.part[0].w : p == 1 ? a.part[1].w : a.part[2].w) + static_cast<size_t>(r) * a.row_bytes;
-        }
+        const uint8_t* my_row = row_at(a, bx, tid / kSplit);
         const int row_stride = rows_aligned(a) ? kRowStrideAligned : kRowStride;  // (as the launch sized it)
         const int stage_bytes = kBM * row_stride + kBN * kTokStride;
         auto stage = [&](int k) { return smem + (k % kStages) * stage_bytes; };
@@ -234,19 +249,13 @@ struct Gemm {
             commit();
         }
 
-        // Where row slots are in global memory: a staged tile lies at (row + tile offset) mod 16 in
-        // its slot, as the copy keeps the source's phase. This thread multiplies four rows (m-tile
-        // i: slots g, g + 8 of the warp's 32) and decodes the scales of one (slot `lane`).
-        auto row_at = [&](int slot) {
-            int64_t r;
-            int p = slot_row(a, bx, slot, &r);
-            if (p < 0) p = 0, r = a.part[0].rows - 1;
-            return reinterpret_cast<uintptr_t>((p == 0 ? a.part[0].w : p == 1 ? a.part[1].w : a.part[2].w) + static_cast<size_t>(r) * a.row_bytes);
-        };
+        // Where the rows are (row_at): this thread multiplies four (m-tile i: slots g, g + 8 of the
+        // warp's 32) and decodes the scales of one (slot `lane`).
+        auto at = [&](int slot) { return reinterpret_cast<uintptr_t>(row_at(a, bx, slot)); };
         uintptr_t mine[2][2];
         for (int i = 0; i < 2; ++i)
-            for (int h = 0; h < 2; ++h) mine[i][h] = row_at(wm * 32 + i * 16 + g + 8 * h);
-        const uintptr_t scaled = row_at(wm * 32 + lane);
+            for (int h = 0; h < 2; ++h) mine[i][h] = at(wm * 32 + i * 16 + g + 8 * h);
+        const uintptr_t scaled = at(wm * 32 + lane);
         // the scale records of the warp's 32 slots for the current tile: [unit][slot][word]
         uint32_t* recs = reinterpret_cast<uint32_t*>(smem + kStages * stage_bytes) + wm * (kTileUnits * 32 * Rec::kWords);
 
@@ -390,55 +399,23 @@ __device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint
 // block barrier a tile. Gated: a warp's 16 rows are 8 gate rows and the same 8 up rows, so a gate value
 // and its up value are accumulated by one thread.
 template <TensorType T, int kN, bool kAligned>
-struct GemmWg {
-    using Args = GemvArgs;
-    using M = MmaUnit<T>;
+struct GemmWg : GemmTiles<T, 128, 8> {
+    using Base = GemmTiles<T, 128, 8>;
+    using typename Base::Args;
+    using typename Base::M;
+    using Base::kBlockBytes, Base::kHalf, Base::slot_row, Base::row_at, Base::tile_byte, Base::tile_unit;
     static constexpr int kRows = 128, kTokens = kN, kThreads = 256, kTokenStages = 3;
     static constexpr int kBlockThreads = kThreads, kMinBlocks = 1;
-    static constexpr int kBlockBytes = sizeof(typename M::Block);
-    static constexpr int kHalf = kHalfPieces<M>;
-    static constexpr int kRawBytes = kHalf ? 16 * kHalf : (M::kUnits == 1 ? kTileUnits : 1) * kBlockBytes;
-    static constexpr int kStep = M::kUnits == 1 ? kTileUnits * kBlockBytes : kBlockBytes;
-    static constexpr int kRowStride = pad_stride(kRawBytes + (kHalf ? 0 : 15));
-    static constexpr int kRowStrideAligned = pad_stride(kRawBytes + (kHalf ? 0 : 16 - gcd16(kStep)));
     static constexpr int kWeightTile = kRows * 128 * 2, kTokenTile = kN * 128 * 2;  // bf16 operand tiles
     using Rec = ScaleRecord<M>;
     static constexpr int kRecBytes = kTileUnits * kRows * Rec::kWords * 4;
     // rows on 16-byte boundaries (rows_aligned): a tile's phase in its row is its offset's
-    static constexpr int kStride = kAligned ? kRowStrideAligned : kRowStride;
+    static constexpr int kStride = kAligned ? Base::kRowStrideAligned : Base::kRowStride;
     static constexpr size_t kMaxSmem = 227 * 1024;
     static constexpr size_t smem(int raw) { return 1024 + 2 * kWeightTile + kTokenStages * kTokenTile + static_cast<size_t>(raw) * kRows * kStride + kRecBytes; }
     // raw stages: three where they fit (the copy two tiles ahead of the conversion), else two
     static constexpr int kRaw = smem(3) <= kMaxSmem ? 3 : 2;
     static constexpr size_t kSmem = smem(kRaw);
-    static_assert(M::kUnits == 1 || M::kUnits % kTileUnits == 0, "a tile within one super-block");
-
-    // Row slot s of block `bx` → (part, row), or part -1 past the end. Gated: slots 16i .. 16i + 7
-    // are gate rows 8i .. 8i + 7 of the block, slots 16i + 8 .. 16i + 15 the same up rows.
-    static __device__ int slot_row(const Args& a, int64_t bx, int s, int64_t* r) {
-        if (a.glu != Glu::None) {
-            *r = bx * (kRows / 2) + (s / 16) * 8 + s % 8;
-            return *r < a.part[0].rows ? (s % 16) / 8 : -1;
-        }
-        int64_t row = bx * kRows + s;
-        for (int p = 0; p < 3; ++p) {
-            const int64_t rows = p == 0 ? a.part[0].rows : p == 1 ? a.part[1].rows : a.part[2].rows;
-            if (p < a.n_parts && row < rows) {
-                *r = row;
-                return p;
-            }
-            row -= rows;
-        }
-        return -1;
-    }
-    static __device__ uintptr_t row_at(const Args& a, int64_t bx, int s) {
-        int64_t r;
-        int p = slot_row(a, bx, s, &r);
-        if (p < 0) p = 0, r = a.part[0].rows - 1;  // a valid row to read: its results are never stored
-        return reinterpret_cast<uintptr_t>((p == 0 ? a.part[0].w : p == 1 ? a.part[1].w : a.part[2].w) + static_cast<size_t>(r) * a.row_bytes);
-    }
-    static __device__ int64_t tile_byte(int k) { return static_cast<int64_t>(k) * kTileUnits / M::kUnits * kBlockBytes; }
-    static __device__ int tile_unit(int k) { return k * kTileUnits % M::kUnits; }
 
     static __device__ void run(const Args& a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -464,7 +441,7 @@ struct GemmWg {
         // tid / 16 + 16i). Each copy's addresses are a base register and a constant, and a token
         // pointer is advanced one tile before its copy is issued, not after (cp.async holds its
         // address registers for a while: rewriting one at once stalls).
-        const uint8_t* my_row = reinterpret_cast<const uint8_t*>(row_at(a, bx, tid / 2));
+        const uint8_t* my_row = row_at(a, bx, tid / 2);
         const int half = tid % 2;
         auto copy_weights = [&](int k) {
             if (k >= n_tiles) return;
@@ -509,9 +486,9 @@ struct GemmWg {
         // decodes the scales of one slot for two units.
         const int gr = 2 * (g % 4) + g / 4;
         uintptr_t mine[2];
-        for (int h = 0; h < 2; ++h) mine[h] = row_at(a, bx, 64 * wg + 8 * (2 * warp + h) + gr);
+        for (int h = 0; h < 2; ++h) mine[h] = reinterpret_cast<uintptr_t>(row_at(a, bx, 64 * wg + 8 * (2 * warp + h) + gr));
         const int scale_slot = 64 * wg + wt % 64, scale_u0 = (wt / 64) * 2;
-        const uintptr_t scaled = row_at(a, bx, scale_slot);
+        const uintptr_t scaled = reinterpret_cast<uintptr_t>(row_at(a, bx, scale_slot));
         const int barrier = 1 + wg;  // the warpgroup's own (barrier 0 is __syncthreads')
         auto wg_sync = [&] { asm volatile("bar.sync %0, 128;" ::"r"(barrier) : "memory"); };
         // tile k's scales, then its rows converted into weight tile k % 2 (free: its multiplies are done)
@@ -623,6 +600,7 @@ struct GemmWg {
         }
 #else
         (void)a;
+        __trap();  // (launched only where wgmma_device(): never without sm_90a code)
 #endif
     }
 };
