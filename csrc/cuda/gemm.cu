@@ -352,6 +352,7 @@ struct Gemm : GemmTiles<T, kBM, 16> {
 // 128-byte swizzled layout: rows of 64 values (128 bytes) in atoms of eight rows, 16-byte chunk c
 // of row r stored at chunk c ^ (r mod 8), a tile's 128 values of K as two such columns of atoms.
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // (the helpers exist only where the kernel's body does)
 // A shared-memory matrix descriptor: K-major, 128-byte swizzle, eight-row atoms 1024 bytes apart.
 __device__ __forceinline__ uint64_t wg_desc(const void* p) {
     const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -389,6 +390,7 @@ __device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint
                  : "l"(a), "l"(b), "r"(1));
 #undef ER_F8
 }
+#endif
 
 // The GEMM on Hopper: 128 weight rows × kN tokens a block, two warpgroups of 64 rows × kN. Per K
 // tile (128 values) a warpgroup decodes its rows' scales once (shared memory, as the mma.sync
