@@ -396,10 +396,11 @@ __device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint
 // tile (128 values) a warpgroup decodes its rows' scales once (shared memory, as the mma.sync
 // kernel) and converts its 64 rows into a bf16 tile with the same to_bf16 (the same weights, bit
 // for bit), double-buffered: tile k + 1 is converted while the tensor cores multiply tile k. The
-// raw weight bytes (a ring of two or three stages, as many tiles ahead) and the bf16 activations
-// (three stages, straight into their swizzled places, two tiles ahead) arrive by cp.async. One
-// block barrier a tile. Gated: a warp's 16 rows are 8 gate rows and the same 8 up rows, so a gate value
-// and its up value are accumulated by one thread.
+// raw weight bytes (a ring of three stages where they fit, else two: copied that many tiles before
+// their conversion, less one) and the bf16 activations (three stages, straight into their swizzled
+// places, two tiles ahead) arrive by cp.async. A tile takes one block barrier and two of the
+// warpgroup's. Gated: a warp's 16 rows are 8 gate rows and the same 8 up rows, so a gate value and
+// its up value are accumulated by one thread.
 template <TensorType T, int kN, bool kAligned>
 struct GemmWg : GemmTiles<T, 128, 8> {
     using Base = GemmTiles<T, 128, 8>;
