@@ -378,12 +378,9 @@ __device__ __forceinline__ void wg_fence_regs(float (&d)[N]) {
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// d (64 rows × kN tokens, float) += A (64 × 16 bf16) · B (kN × 16 bf16)ᵀ. Thread (warp w, lane g·4
-// + t) holds d[4j + e]: row 16w + g + 8·(e / 2), token 8j + 2t + e % 2.
-template <int kN>
-__device__ __forceinline__ void wgmma_bf16(float (&d)[kN / 2], uint64_t a, uint64_t b);
-template <>
-__device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint64_t b) {
+// d (64 rows × 128 tokens, float) += A (64 × 16 bf16) · B (128 × 16 bf16)ᵀ. Thread (warp w, lane
+// g·4 + t) holds d[4j + e]: row 16w + g + 8·(e / 2), token 8j + 2t + e % 2.
+__device__ __forceinline__ void wgmma_m64n128(float (&d)[64], uint64_t a, uint64_t b) {
 #define ER_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
     asm volatile("{.reg .pred p; setp.ne.b32 p, %66, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;}"
                  : ER_F8(0), ER_F8(8), ER_F8(16), ER_F8(24), ER_F8(32), ER_F8(40), ER_F8(48), ER_F8(56)
@@ -392,7 +389,7 @@ __device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint
 }
 #endif
 
-// The GEMM on Hopper: 128 weight rows × kN tokens a block, two warpgroups of 64 rows × kN. Per K
+// The GEMM on Hopper: 128 weight rows × kN = 128 tokens a block, two warpgroups of 64 rows × kN. Per K
 // tile (128 values) a warpgroup decodes its rows' scales once (shared memory, as the mma.sync
 // kernel) and converts its 64 rows into a bf16 tile with the same to_bf16 (the same weights, bit
 // for bit), double-buffered: tile k + 1 is converted while the tensor cores multiply tile k. The
@@ -401,13 +398,13 @@ __device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint
 // places, two tiles ahead) arrive by cp.async. A tile takes one block barrier and two of the
 // warpgroup's. Gated: a warp's 16 rows are 8 gate rows and the same 8 up rows, so a gate value and
 // its up value are accumulated by one thread.
-template <TensorType T, int kN, bool kAligned>
+template <TensorType T, bool kAligned>
 struct GemmWg : GemmTiles<T, 128, 8> {
     using Base = GemmTiles<T, 128, 8>;
     using typename Base::Args;
     using typename Base::M;
     using Base::kBlockBytes, Base::kHalf, Base::slot_row, Base::row_at, Base::tile_byte, Base::tile_unit;
-    static constexpr int kRows = 128, kTokens = kN, kThreads = 256, kTokenStages = 3;
+    static constexpr int kRows = 128, kN = 128, kTokens = kN, kThreads = 256, kTokenStages = 3;
     static constexpr int kBlockThreads = kThreads, kMinBlocks = 1;
     static constexpr int kWeightTile = kRows * 128 * 2, kTokenTile = kN * 128 * 2;  // bf16 operand tiles
     using Rec = ScaleRecord<M>;
@@ -563,7 +560,7 @@ struct GemmWg : GemmTiles<T, 128, 8> {
                 const uint8_t* wa = weights + (k % 2) * kWeightTile + 64 * wg * 128;
                 const uint8_t* xb = token_stage(k);
                 auto step = [&](int s) {
-                    wgmma_bf16<kN>(acc, wg_desc(wa + (s / 4) * (kRows * 128) + (s % 4) * 32), wg_desc(xb + (s / 4) * (kN * 128) + (s % 4) * 32));
+                    wgmma_m64n128(acc, wg_desc(wa + (s / 4) * (kRows * 128) + (s % 4) * 32), wg_desc(xb + (s / 4) * (kN * 128) + (s % 4) * 32));
                 };
                 const int steps = 2 * units_of(k);
                 if (steps == 8) {  // (no branch between the multiplies of a whole tile)
@@ -635,7 +632,7 @@ bool wgmma_device() {
 
 // Whether a format's wgmma kernel fits a block's shared memory with two raw stages (rows anywhere).
 template <TensorType T>
-constexpr bool kWgmmaFits = GemmWg<T, 128, false>::smem(2) <= GemmWg<T, 128, false>::kMaxSmem;
+constexpr bool kWgmmaFits = GemmWg<T, false>::smem(2) <= GemmWg<T, false>::kMaxSmem;
 
 template <class K>
 Launch launch_wg(const GemvArgs& a) {
@@ -660,12 +657,12 @@ Launch launch(const GemvArgs& a, GemmKernel kernel) {
     const bool aligned = rows_aligned(a);
     if (kHalfPieces<MmaUnit<T>> > 0 && !aligned)  // staged as 16-byte pieces
         throw std::logic_error("the tensor-core GEMM reads " + std::string(tensor_type_name(T)) + " weights from 16-byte boundaries");
-    const bool wgmma = kWgmmaFits<T> && wgmma_device() && GemmWg<T, 128, false>::kSmem <= smem_per_block();
+    const bool wgmma = kWgmmaFits<T> && wgmma_device() && GemmWg<T, false>::kSmem <= smem_per_block();
     if (kernel == GemmKernel::Wgmma && !wgmma)
         throw std::invalid_argument("the wgmma GEMM needs a compute capability 9.0 device and a build with sm_90a code");
     if constexpr (kWgmmaFits<T>)
         if (wgmma && (kernel == GemmKernel::Wgmma || (kernel == GemmKernel::Auto && wgmma_wanted(a))))
-            return aligned ? launch_wg<GemmWg<T, 128, true>>(a) : launch_wg<GemmWg<T, 128, false>>(a);
+            return aligned ? launch_wg<GemmWg<T, true>>(a) : launch_wg<GemmWg<T, false>>(a);
     const int64_t rows = gemv_rows(a);
     const int64_t per_block = a.glu != Glu::None ? kBM / 2 : kBM;
     const dim3 grid(static_cast<unsigned>((a.n_tokens + kBN - 1) / kBN), static_cast<unsigned>((rows + per_block - 1) / per_block));
