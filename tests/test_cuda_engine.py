@@ -30,9 +30,10 @@ def test_cuda_logits_close_to_float64_reference(tiny_models, case):
     assert err <= FAST_TOLERANCE * scale, f"{case} seed {seed}: max |Δ| {err:.3g} vs |logit| max {scale:.3g}"
 
 
-# Q4_K + Q6_K super-blocks; Q4_0's 2-byte aligned blocks; an f32 cache; a wide model (below)
-@pytest.mark.parametrize("ttype,kv_type,wide", [("Q4_K_M", "f16", False), ("Q4_0", "f16", False), ("Q4_0", "f32", False),
-                                                ("Q4_0", "f16", True)])
+# Q4_K + Q6_K super-blocks; Q4_0's 2-byte aligned blocks; Q8_0's 34-byte ones; an f32 cache; a
+# wide model (below)
+@pytest.mark.parametrize("ttype,kv_type,wide", [("Q4_K_M", "f16", False), ("Q4_0", "f16", False), ("Q8_0", "f16", False),
+                                                ("Q4_0", "f32", False), ("Q4_0", "f16", True)])
 def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, wide):
     """reset, extend, decode and rewinds give the logits of one full prefill exactly: in steps
     of up to 15 tokens (chunks of 8 here) each token's kernels do the same arithmetic whatever
@@ -41,7 +42,9 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, wide):
     done by the GEMVs of Q, K and V as they store them (one token, llama's adjacent pairs), and
     whether gate·up's int8 copy comes from the quantize kernel or from its own GEMV (one token),
     and whether a V of another format than Q and K (Q4_K_M's Q6_K layer) is its own launch or
-    shares theirs (one token: StagedPair). The wide model (rows of 2048 values, heads of 128, 8192 gate·up rows: more blocks of 32
+    shares theirs (one token: StagedPair), and whether the RMSNorm after a residual GEMV is a
+    kernel of its own or done by that GEMV's cluster (one token, rows that fit the cluster's
+    shared memory: GemvNorm; every model here but the wide one). The wide model (rows of 2048 values, heads of 128, 8192 gate·up rows: more blocks of 32
     than a GPU has SMs, so its one-token steps quantize the down projection's input with the
     quantize kernel too) streams whole chunks of its rows through the GEMVs' rings (the down
     projection four a row) and takes the norm's 512 threads.
