@@ -42,9 +42,7 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, wide):
     done by the GEMVs of Q, K and V as they store them (one token, llama's adjacent pairs), and
     whether gate·up's int8 copy comes from the quantize kernel or from its own GEMV (one token),
     and whether a V of another format than Q and K (Q4_K_M's Q6_K layer) is its own launch or
-    shares theirs (one token: StagedPair), and whether the RMSNorm after a residual GEMV is a
-    kernel of its own or done by that GEMV's cluster (one token, rows that fit the cluster's
-    shared memory: GemvNorm; every model here but the wide one). The wide model (rows of 2048 values, heads of 128, 8192 gate·up rows: more blocks of 32
+    shares theirs (one token: StagedPair). The wide model (rows of 2048 values, heads of 128, 8192 gate·up rows: more blocks of 32
     than a GPU has SMs, so its one-token steps quantize the down projection's input with the
     quantize kernel too) streams whole chunks of its rows through the GEMVs' rings (the down
     projection four a row) and takes the norm's 512 threads.

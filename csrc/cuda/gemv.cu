@@ -3,7 +3,6 @@
 // formats, quant_dot.cuh; float activations otherwise, quant_unit.cuh), a shuffle reduction, one
 // store (or add: the residual; or act(gate)·up). The one-token kernel of the int8 formats stages
 // the weights through shared memory (GemvStaged).
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -21,7 +20,6 @@
 #include "gemv.cuh"
 #include "kv_slot.cuh"
 #include "quant_dot.cuh"
-#include "rms_norm.cuh"
 #include "rope.cuh"
 #include "warp.cuh"
 
@@ -306,103 +304,6 @@ struct StagedPair {
     }
 };
 
-// The residual GEMV of a one-token step and the RMSNorm of the row it completes, as one launch
-// of one thread block cluster (sm_90), for models small enough that the whole matrix fits in the
-// cluster's shared memory (SmolLM2's output and down projections: 190–940 KB). Each block takes
-// a slice of rows and copies all of it into shared memory before the wait for its input (the
-// previous kernel's run hides the load); after the wait it stages the int8 activations as
-// GemvStaged does, computes its rows in the same order (lane l: units l, l + 32, ...; a warp
-// reduction), adds the residual and keeps the new values in shared memory too. After a cluster
-// barrier block 0 reads the whole row from its peers' shared memory and normalizes it with the
-// RMSNorm kernel's arithmetic (rms_norm.cuh: the same bits). As two kernels, the norm was a
-// launch of one block between two GEMVs, ~2 µs a norm on SmolLM2 (61 of them a token).
-constexpr int kNormCluster = 8;  // blocks (the portable cluster size)
-constexpr int kNormWarps = 16;
-constexpr int64_t kNormMaxWidth = 4 * 512;  // rows the norm's threads hold (one float4 each): 2048
-
-template <TensorType T>
-struct GemvNorm {
-    static constexpr int kBlockThreads = 32 * kNormWarps, kMinBlocks = 1;
-    using D = QuantDot<T>;
-    using Staged = GemvStaged<T, false>;
-    struct Args {
-        GemvArgs g;  // one part, accumulate (y += W x: the residual), one token
-        NormArgs n;  // the norm of g.part[0].y (one row of g.part[0].rows values)
-        int64_t block_rows;  // rows per block, a multiple of 4
-    };
-    // shared memory: the slice's raw rows (from the 16-byte boundary at or below it, 16 bytes of
-    // room past it for the dot products' word loads), the activations (GemvStaged::staged_x's
-    // layout), then the block's new residual values
-    static __host__ __device__ size_t slice_bytes(const Args& p) { return (static_cast<size_t>(p.block_rows) * p.g.row_bytes + 15 + 16 + 15) / 16 * 16; }
-    static size_t smem(const Args& p) {
-        return slice_bytes(p) + static_cast<size_t>(p.g.cols / 32) * 3 * sizeof(int4) + static_cast<size_t>(p.block_rows) * sizeof(float);
-    }
-
-    static __device__ void run(const Args& p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        namespace cg = cooperative_groups;
-        extern __shared__ uint4 smem[];
-        allow_next();
-        const GemvArgs& a = p.g;
-        const cg::cluster_group cluster = cg::this_cluster();
-        const int rank = static_cast<int>(cluster.block_rank());
-        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        const int64_t r0 = rank * p.block_rows, rows = min(p.block_rows, a.part[0].rows - r0);
-        uint8_t* raw = reinterpret_cast<uint8_t*>(smem);
-        const uint8_t* w = stage_copy(raw, a.part[0].w + static_cast<size_t>(r0) * a.row_bytes, static_cast<size_t>(rows) * a.row_bytes,
-                                      threadIdx.x, blockDim.x);
-        commit();
-        const int threads = rms_norm_threads(p.n.n);
-        float4 g[kRmsNormPasses], v[kRmsNormPasses] = {};
-        if (rank == 0) rms_norm_weights(p.n, threads, g);
-        wait_inputs();
-
-        const int n_units = static_cast<int>(a.cols / 32);
-        int4* xs = reinterpret_cast<int4*>(raw + slice_bytes(p));
-        float* ys = reinterpret_cast<float*>(xs + 3 * n_units);
-        for (int u = threadIdx.x; u < n_units; u += blockDim.x) {
-            const XUnit x = load_x(a.xq[u]);
-            xs[u] = make_int4(x.w[0], x.w[1], x.w[2], x.w[3]);
-            xs[n_units + u] = make_int4(x.w[4], x.w[5], x.w[6], x.w[7]);
-            xs[2 * n_units + u] = make_int4(__float_as_int(x.d), x.sum, x.sum_lo, 0);
-        }
-        wait_pending<0>();
-        __syncthreads();
-        const float* bias = a.part[0].bias;
-        float* y = a.part[0].y;
-        for (int64_t j = 2 * warp; j < rows; j += 2 * kNormWarps) {  // rows j and j + 1 of the slice
-            const bool two = j + 1 < rows;
-            const uint8_t* w0 = w + static_cast<size_t>(j) * a.row_bytes;
-            float s0 = 0.0f, s1 = 0.0f;
-            for (int u = lane; u < n_units; u += 32) {
-                const XUnit x = Staged::staged_x(xs, n_units, u);
-                s0 += D::dot(w0, u, x);
-                if (two) s1 += D::dot(w0 + a.row_bytes, u, x);
-            }
-            float v0 = warp_sum(s0), v1 = warp_sum(s1);
-            if (lane == 0) {
-                if (bias) v0 += bias[r0 + j];
-                ys[j] = y[r0 + j] = y[r0 + j] + v0;
-                if (two) {
-                    if (bias) v1 += bias[r0 + j + 1];
-                    ys[j + 1] = y[r0 + j + 1] = y[r0 + j + 1] + v1;
-                }
-            }
-        }
-        cluster.sync();  // every block's values in its shared memory
-        if (rank == 0) {
-            const int i = threadIdx.x;  // this thread's float4 of the row (one pass: rows of up to 2048)
-            if (i < threads && 4 * i < p.n.n) {
-                const int owner = static_cast<int>(4 * i / p.block_rows);
-                v[0] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(ys, owner) + (4 * i - owner * p.block_rows));
-            }
-        }
-        cluster.sync();  // block 0 has read its peers' values: they may exit
-        if (rank == 0) rms_norm_store(p.n, 0, threads, v, g);
-#endif
-    }
-};
-
 template <class K>
 int64_t staged_blocks(const GemvArgs& a) {
     if (a.cols > kMaxStagedCols)
@@ -590,84 +491,6 @@ Launch gemv_pair(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArg
     throw std::logic_error("gemv_pair");
 }
 
-// Where the cluster of a GemvNorm launch fits: clusters (sm_90+), and the blocks' shared memory
-// on the SMs of one GPC (cudaOccupancyMaxActiveClusters), asked once per format and size.
-template <TensorType T>
-bool norm_cluster_fits(const typename GemvNorm<T>::Args& p, int cluster) {
-    using K = GemvNorm<T>;
-    static const bool sized = allow_smem<K>(smem_per_block());
-    (void)sized;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(cluster));
-    config.blockDim = dim3(K::kBlockThreads);
-    config.dynamicSmemBytes = K::smem(p);
-    config.attrs = &attr;
-    config.numAttrs = 1;
-    int clusters = 0;
-    return cudaOccupancyMaxActiveClusters(&clusters, value_entry<K>(), &config) == cudaSuccess && clusters > 0;
-}
-
-template <TensorType T>
-typename GemvNorm<T>::Args norm_args(const GemvArgs& a, const NormArgs& n, int* cluster) {
-    const int64_t rows = a.part[0].rows, per_block = ((rows + kNormCluster - 1) / kNormCluster + 3) / 4 * 4;
-    *cluster = static_cast<int>((rows + per_block - 1) / per_block);
-    return typename GemvNorm<T>::Args{a, n, per_block};
-}
-
-template <TensorType T>
-bool norms(const GemvArgs& a, const NormArgs& n) {
-    int cluster = 0;
-    const auto p = norm_args<T>(a, n, &cluster);
-    return GemvNorm<T>::smem(p) <= smem_per_block() && norm_cluster_fits<T>(p, cluster);
-}
-
-template <TensorType T>
-Launch norm_launch(const GemvArgs& a, const NormArgs& n) {
-    using K = GemvNorm<T>;
-    static const bool sized = allow_smem<K>(smem_per_block());
-    (void)sized;
-    int cluster = 0;
-    const auto p = norm_args<T>(a, n, &cluster);
-    Launch l = make_launch<K>(dim3(static_cast<unsigned>(cluster)), dim3(K::kBlockThreads), p, K::smem(p));
-    l.cluster = static_cast<unsigned>(cluster);
-    return l;
-}
-
-#define ER_NORM_TYPES(X) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q8_0) X(IQ4_NL) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(IQ4_XS)
-
-bool gemv_norms(TensorType type, const GemvArgs& a, const NormArgs& n) {
-    static const bool enabled = [] {
-        const char* env = std::getenv("EDGERUNNER_CUDA_GEMV_NORM");
-        int device = 0, major = 0;
-        return !(env && std::string(env) == "0") && cudaGetDevice(&device) == cudaSuccess &&
-               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
-    }();
-    if (!enabled || !gemv_wants_q8(type) || a.n_tokens != 1 || a.glu != Glu::None || a.n_parts != 1 || !a.accumulate || a.rope.pos0 ||
-        a.xq_out || a.cols > kMaxStagedCols || n.rows != 1 || n.n != a.part[0].rows || n.n % 32 != 0 || n.n > kNormMaxWidth || n.accumulate)
-        return false;
-    switch (type) {
-#define ER_NORMS(T) \
-    case TensorType::T: return norms<TensorType::T>(a, n);
-        ER_NORM_TYPES(ER_NORMS)
-#undef ER_NORMS
-        default: return false;
-    }
-}
-
-Launch gemv_norm(TensorType type, const GemvArgs& a, const NormArgs& n) {
-    if (!gemv_norms(type, a, n)) throw std::logic_error("this GEMV cannot normalize its output (gemv_norms)");
-    switch (type) {
-#define ER_NORM(T) \
-    case TensorType::T: return norm_launch<TensorType::T>(a, n);
-        ER_NORM_TYPES(ER_NORM)
-#undef ER_NORM
-        default: throw std::logic_error("gemv_norm");
-    }
-}
-
 bool gemv_ropes(TensorType type, const GemvArgs& a) {
     return gemv_wants_q8(type) && a.n_tokens == 1 && a.glu == Glu::None;
 }
@@ -780,23 +603,16 @@ bool overlap_supported() {
 }
 
 void enqueue(const Launch& l, cudaStream_t stream, const void* table, bool overlap) {
-    cudaLaunchAttribute attr[2] = {};
-    unsigned n_attrs = 0;
-    if (overlap) {
-        attr[n_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n_attrs++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (l.cluster) {
-        attr[n_attrs].id = cudaLaunchAttributeClusterDimension;
-        attr[n_attrs++].val.clusterDim = {l.cluster, 1, 1};
-    }
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t config{};
     config.gridDim = l.grid;
     config.blockDim = l.block;
     config.dynamicSmemBytes = l.smem;
     config.stream = stream;
-    config.attrs = attr;
-    config.numAttrs = n_attrs;
+    config.attrs = &attr;
+    config.numAttrs = overlap ? 1 : 0;
     void* param = table ? const_cast<void*>(static_cast<const void*>(&table)) : const_cast<unsigned char*>(l.args);
     ER_CUDA(cudaLaunchKernelExC(&config, table ? l.by_table : l.by_value, &param));
 }

@@ -12,8 +12,7 @@
 
 namespace edgerunner::cuda {
 
-struct QBlock;    // int8 activations (quant_dot.cuh)
-struct NormArgs;  // RMSNorm (ops.cuh)
+struct QBlock;  // int8 activations (quant_dot.cuh)
 
 // One weight matrix of a fused GEMV: its rows are numbered after the previous part's.
 struct GemvPart {
@@ -84,14 +83,6 @@ Launch gemm(TensorType type, const GemvArgs& args, GemmKernel kernel = GemmKerne
 // quantization mixes, no gate, no residual, both with RoPE or neither).
 bool gemv_pairs(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs& a2);
 Launch gemv_pair(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs& a2);
-
-// The residual GEMV of one token and the RMSNorm of the row it completes (n.in is a.part[0].y)
-// as one launch: one thread block cluster holding the whole matrix in shared memory (sm_90;
-// small models). gemv_norms: whether it can (an int8 format, one part, accumulate, no gate or
-// RoPE, rows of a multiple of 32 up to 2048, the slices in shared memory, the cluster placeable;
-// EDGERUNNER_CUDA_GEMV_NORM=0 says no, for measurements). It reads only the shapes and flags.
-bool gemv_norms(TensorType type, const GemvArgs& a, const NormArgs& n);
-Launch gemv_norm(TensorType type, const GemvArgs& a, const NormArgs& n);
 
 // Whether the type's GEMV reads int8 activations (GemvArgs::xq) rather than floats.
 bool gemv_wants_q8(TensorType type);

@@ -100,8 +100,7 @@ struct Launch {
     const void* by_value = nullptr;
     const void* by_table = nullptr;
     dim3 grid, block;
-    size_t smem = 0;       // dynamic shared memory, bytes
-    unsigned cluster = 0;  // blocks per thread block cluster (sm_90), or 0: none
+    size_t smem = 0;  // dynamic shared memory, bytes
     size_t args_size = 0;
     alignas(16) unsigned char args[kMaxArgs];
 };

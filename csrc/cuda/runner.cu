@@ -169,7 +169,6 @@ struct Step {
     int32_t rope_step = -1;     // Gemv: the index of that RopeKv step, whose work it does
     bool q8_for_next = false;   // gated Gemv: writes the int8 copy the next GEMV reads (quantizes_for_next)
     bool pair_next = false;     // Gemv: one launch with the next step's GEMV (pairs_with_next, gemv_pairs)
-    bool norm_next = false;     // Gemv: one launch with the Norm step after it (normalizes_next, gemv_norms)
 };
 
 class Runner final : public StepRunner {
@@ -177,6 +176,7 @@ public:
     Runner(const ModelConfig& c, const Plan& plan, std::shared_ptr<DeviceModel> weights, std::shared_ptr<DeviceKv> kv,
            Dispatch dispatch)
         : c_(c), plan_(plan), w_(std::move(weights)), kv_(std::move(kv)), dispatch_(dispatch), overlap_(overlap_supported()) {
+        fuse();
         const int64_t q_dim = c_.n_head * c_.head_dim, kv_dim = c_.n_head_kv * c_.head_dim;
         const int64_t widths[kBufCount] = {c_.n_embd, c_.n_embd, q_dim, kv_dim, kv_dim, q_dim, c_.n_ff, c_.n_ff, c_.n_embd, c_.n_vocab};
         size_t total = 0;
@@ -185,7 +185,6 @@ public:
             offset_[b] = total;  // 256-byte aligned rows of every buffer
             total += round_up(static_cast<size_t>(widths[b] * plan_.max_tokens), 64);
         }
-        fuse();
         arena_ = device_alloc<float>(total);
         sample_scratch_ = device_alloc<double>(static_cast<size_t>(c_.n_vocab));
         qbuf_ = device_alloc<uint8_t>(static_cast<size_t>(plan_.max_tokens * q_stride()) * qblock_bytes() + 256);  // GEMV reads whole 16 bytes
@@ -344,11 +343,7 @@ private:
     bool quantizes_for_next(size_t k) const;
     // Whether Gemv step k and the one after it run as one launch in one-token steps.
     bool pairs_with_next(size_t k) const;
-    // Whether the residual Gemv step k and the Norm step of its output after it run as one launch
-    // in one-token steps.
-    bool normalizes_next(size_t k) const;
     GemvArgs gemv_args(size_t k, int64_t n, int64_t first, StepBlock* b) const;
-    NormArgs norm_args(size_t k, int64_t n, int64_t first) const;
     // The step's launches against step block `b` (a chained step's draw also goes to `next`'s
     // input token).
     void compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next = nullptr) const;
@@ -531,28 +526,7 @@ void Runner::fuse() {
         }
         steps_[k].q8_for_next = quantizes_for_next(k);
     }
-    for (size_t k = 0; k < steps_.size(); ++k) {
-        steps_[k].pair_next = pairs_with_next(k);
-        steps_[k].norm_next = normalizes_next(k);
-    }
-}
-
-bool Runner::normalizes_next(size_t k) const {
-    if (k + 1 >= steps_.size()) return false;
-    const Step& s = steps_[k];
-    const Step& t = steps_[k + 1];
-    if (s.kind != Step::Gemv || s.n_parts != 1 || s.glu != cuda::Glu::None || !s.op.accumulate || s.pair_next || s.rope_step >= 0 ||
-        t.kind != Step::Norm || t.op.in != s.op.out || t.op.accumulate)
-        return false;
-    GemvArgs a;
-    a.part[0].rows = s.op.weight->rows;
-    a.row_bytes = s.op.weight->row_bytes;
-    a.cols = s.op.weight->cols;
-    a.accumulate = true;
-    NormArgs n{};
-    n.rows = 1;
-    n.n = width(t.op.in);
-    return gemv_norms(s.op.weight->type, a, n);
+    for (size_t k = 0; k < steps_.size(); ++k) steps_[k].pair_next = pairs_with_next(k);
 }
 
 // Two GEMV steps in a row on the same input in two formats (Q·K, then a V of another type): one
@@ -641,14 +615,6 @@ GemvArgs Runner::gemv_args(size_t k, int64_t n, int64_t first, StepBlock* b) con
     return a;
 }
 
-// Norm step k's arguments for a step of n tokens whose first row is `first`.
-NormArgs Runner::norm_args(size_t k, int64_t n, int64_t first) const {
-    const Op& op = steps_[k].op;
-    const bool q_out = steps_[k].q_out && !takes_gemm(k + 1, n - first);
-    return NormArgs{row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first), n - first, width(op.in),
-                    c_.norm_eps, op.accumulate, q_out ? qrow(first) : nullptr, q_stride()};
-}
-
 // The step's launches, arguments resolved against this step's size.
 void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next) const {
     out->clear();
@@ -663,7 +629,13 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 out->push_back(embed(op.weight->type, EmbedArgs{(*w_)(op.weight), op.weight->row_bytes, op.weight->cols, b->tokens, n,
                                                                  row(Buf::X, 0), op.scale}));
                 break;
-            case Step::Norm: out->push_back(rms_norm(norm_args(k, n, first))); break;
+            case Step::Norm: {
+                const bool q_out = s.q_out && !takes_gemm(k + 1, n - first);
+                out->push_back(rms_norm(NormArgs{row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first),
+                                                 n - first, width(op.in), c_.norm_eps, op.accumulate, q_out ? qrow(first) : nullptr,
+                                                 q_stride()}));
+                break;
+            }
             case Step::HeadNorm:
                 out->push_back(rms_norm(NormArgs{row(op.in, 0), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.in, 0),
                                                  n * op.heads, c_.head_dim, c_.norm_eps, false, nullptr, 0}));
@@ -678,11 +650,6 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                     out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
                 }
                 const GemvArgs a = gemv_args(k, n, first, b);
-                if (n == 1 && s.norm_next) {  // with the norm of its output as one launch
-                    out->push_back(gemv_norm(w.type, a, norm_args(k + 1, n, first)));
-                    ++k;
-                    break;
-                }
                 if (n == 1 && s.pair_next) {  // with the next step's GEMV as one launch
                     const GemvArgs a2 = gemv_args(k + 1, n, first, b);
                     if (gemv_pairs(w.type, a, steps_[k + 1].op.weight->type, a2)) {
