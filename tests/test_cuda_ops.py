@@ -105,6 +105,24 @@ def test_gemv_equals_float64(name):
 GEMM_TYPES = [t for t in TYPES if t not in ("F32", "F16", "BF16", "Q8_K")]
 
 
+@pytest.mark.parametrize("name", GEMM_TYPES)
+def test_gemv_many_short_rows(name):
+    """An LM head of many short rows (SmolLM2's shape: 49153 rows of 576 values, 512 for the
+    K-quants; an odd count leaves the last pair one row), which the one-token GEMV of the int8
+    formats walks in row pairs with a grid of the blocks the SMs hold at once (GemvRows): within
+    the float64 bound, and equal bit for bit to the eight-token GEMV's sums for the same token
+    (a second token beside it), which add the same units in the same order."""
+    seed = random.randrange(2**32)
+    rng = np.random.default_rng(seed)
+    n = 512 if name in K_TYPES else 576
+    rows = random_weights(name, 257, n, rng)[rng.integers(0, 257, 49153)]
+    x = random_activations(rng, 2, n)
+    assert_matmul_close(name, rows, x[:1], f"rows=49153 n={n} seed {seed}")
+    one = _core.cuda_matmul(quants.type_id(name), rows, x[:1], "auto")
+    two = _core.cuda_matmul(quants.type_id(name), rows, x, "auto")
+    assert np.array_equal(one[0], two[0]), f"{name} seed {seed}: the one-token and eight-token GEMVs differ"
+
+
 # (the float formats have no GEMM: once each)
 @pytest.mark.parametrize("name,gemm", [(t, g) for t in TYPES for g in (GEMM_KERNELS if t in GEMM_TYPES else ["auto"])])
 def test_prefill_matmul_equals_float64(name, gemm):

@@ -304,6 +304,102 @@ struct StagedPair {
     }
 };
 
+// The one-token GEMV of a matrix of many short rows (32 units or fewer: SmolLM2's and Gemma 3
+// 270M's LM heads, 49152 and 262144 rows of 18 and 20 units). GemvStaged gives such a matrix
+// thousands of blocks that each hold two rows a warp in flight and pay the block's start (the
+// activations staged, a barrier) for them: SmolLM2's LM head ran at 877 GB/s, 7.8 waves of
+// blocks. Here a grid of the blocks the SMs hold at once walks the row pairs (warp w of W:
+// pairs w, w + W, ...), each warp keeping kRowsRing pairs in flight (cp.async of the pair's
+// contiguous bytes, as GemvStaged copies a chunk); lane l always takes unit l, so its activations
+// stay in registers. Each row's sum is one unit per lane and a warp reduction: GemvStaged's and
+// Gemv's order, the same bits.
+constexpr int kRowsWarps = 8;
+constexpr int kRowsRing = 4;  // row pairs in flight per warp
+constexpr int64_t kRowsMinWaves = 3;  // where GemvStaged's grid is this many waves or more
+
+template <TensorType T>
+struct GemvRows {
+    using Args = GemvArgs;
+    using D = QuantDot<T>;
+    static constexpr int kBlockThreads = 32 * kRowsWarps, kMinBlocks = 3;
+    static __host__ __device__ int slot_bytes(const Args& a) { return static_cast<int>((2 * a.row_bytes + 15 + 16 + 15) / 16 * 16); }
+    static size_t smem(const Args& a) { return static_cast<size_t>(kRowsWarps) * kRowsRing * slot_bytes(a); }
+
+    static __device__ void run(const Args& a) {
+        extern __shared__ uint4 smem[];
+        allow_next();
+        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        const int64_t pairs = (a.part[0].rows + 1) / 2, stride = static_cast<int64_t>(gridDim.x) * kRowsWarps;
+        const int slot_size = slot_bytes(a);
+        uint8_t* ring = reinterpret_cast<uint8_t*>(smem) + warp * kRowsRing * slot_size;
+        auto pair_at = [&](int64_t p) { return a.part[0].w + static_cast<size_t>(2 * p) * a.row_bytes; };
+        // pair p into ring slot s: one commit group (empty past the last pair)
+        auto issue = [&](int64_t p, int s) {
+            if (p < pairs) stage_copy(ring + s * slot_size, pair_at(p), static_cast<size_t>(min(static_cast<int64_t>(2), a.part[0].rows - 2 * p)) * a.row_bytes, lane, 32);
+            commit();
+        };
+        int64_t p = static_cast<int64_t>(blockIdx.x) * kRowsWarps + warp;
+#pragma unroll
+        for (int s = 0; s < kRowsRing; ++s) issue(p + s * stride, s);
+        wait_inputs();
+        const int n_units = static_cast<int>(a.cols / 32);
+        XUnit x{};
+        if (lane < n_units) x = load_x(a.xq[lane]);
+        const float* bias = a.part[0].bias;
+        float* y = a.part[0].y;
+        for (int s = 0; p < pairs; p += stride) {
+            wait_pending<kRowsRing - 1>();  // this lane's pieces of pair p have landed ...
+            __syncwarp();                   // ... and every lane's
+            const int64_t r = 2 * p;
+            const bool two = r + 1 < a.part[0].rows;
+            // where stage_copy put the pair's first byte (past the 16-byte boundary it copied from)
+            const uint8_t* w0 = ring + s * slot_size + (reinterpret_cast<uintptr_t>(pair_at(p)) & 15);
+            float s0 = 0.0f, s1 = 0.0f;
+            if (lane < n_units) {
+                s0 += D::dot(w0, lane, x);
+                if (two) s1 += D::dot(w0 + a.row_bytes, lane, x);
+            }
+            __syncwarp();  // everyone is done with this slot
+            issue(p + kRowsRing * stride, s);
+            s = s == kRowsRing - 1 ? 0 : s + 1;
+            const float v0 = warp_sum(s0), v1 = warp_sum(s1);
+            if (lane == 0) {
+                const float u0 = bias ? v0 + bias[r] : v0;
+                y[r] = a.accumulate ? y[r] + u0 : u0;
+                if (two) {
+                    const float u1 = bias ? v1 + bias[r + 1] : v1;
+                    y[r + 1] = a.accumulate ? y[r + 1] + u1 : u1;
+                }
+            }
+        }
+    }
+};
+
+// Whether a one-token GEMV takes GemvRows: plain (no gate, RoPE or int8 output; one part), rows of
+// one unit per lane at most, and so many of them that GemvStaged's grid is kRowsMinWaves waves of
+// the blocks the SMs hold (three of eight warps each). EDGERUNNER_CUDA_GEMV_ROWS=0 says no (for
+// measurements).
+bool rows_wanted(const GemvArgs& a) {
+    static const bool enabled = [] {
+        const char* env = std::getenv("EDGERUNNER_CUDA_GEMV_ROWS");
+        return !(env && std::string(env) == "0");
+    }();
+    return enabled && a.n_parts == 1 && a.glu == Glu::None && !a.rope.pos0 && !a.xq_out && a.cols / 32 <= 32 &&
+           (a.part[0].rows + 2 * kStagedWarps - 1) / (2 * kStagedWarps) >= kRowsMinWaves * 3 * sm_count();
+}
+
+template <TensorType T>
+Launch rows_launch(const GemvArgs& a) {
+    using K = GemvRows<T>;
+    static const bool sized = allow_smem<K>(smem_per_block());
+    (void)sized;
+    int per_sm = 0;  // the blocks an SM holds (asked once per launch built: at prepare time)
+    ER_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, value_entry<K>(), K::kBlockThreads, K::smem(a)));
+    const int64_t pairs = (a.part[0].rows + 1) / 2;
+    const int64_t blocks = std::min<int64_t>(std::max(per_sm, 1) * static_cast<int64_t>(sm_count()), (pairs + kRowsWarps - 1) / kRowsWarps);
+    return make_launch<K>(dim3(static_cast<unsigned>(blocks)), dim3(K::kBlockThreads), a, K::smem(a));
+}
+
 template <class K>
 int64_t staged_blocks(const GemvArgs& a) {
     if (a.cols > kMaxStagedCols)
@@ -345,6 +441,7 @@ Launch launch(const GemvArgs& a) {
     if (a.n_tokens == 1) {
         if constexpr (QuantDot<T>::kFast) {
             if (a.xq_out) return staged<GemvStaged<T, false, true>>(a);
+            if (rows_wanted(a)) return rows_launch<T>(a);
             return a.rope.pos0 ? staged<GemvStaged<T, true>>(a) : staged<GemvStaged<T, false>>(a);
         }
         else return make_launch<Gemv<T, 1>>(dim3(row_blocks, 1), block, a);
