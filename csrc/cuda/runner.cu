@@ -207,7 +207,7 @@ public:
         if (chain_depth() > 0) {
             chain_blocks_ = device_alloc<uint8_t>(kChain * round_up(step_block_bytes(1), 256));
             ER_CUDA(cudaMemset(chain_blocks_.get(), 0, kChain * round_up(step_block_bytes(1), 256)));
-            chain_host_ = pinned_alloc<StepBlock>(kChain * sizeof(StepBlock));
+            chain_host_ = pinned_alloc<StepBlock>(kChain * sizeof(StepBlock));  // (the samplers write their draws here)
             for (cudaEvent_t& e : chain_done_) ER_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         }
         logits_ = pinned_alloc<float>(static_cast<size_t>(c_.n_vocab) * sizeof(float));
@@ -271,9 +271,12 @@ public:
     }
 
     // Chained decode (recorded dispatch): kChain step blocks in a ring, each with its own graph
-    // of the one-token sampled step whose draw is also the next block's input token. A push
-    // fills its block's header (position, RNG step, parameters; the token too for the first),
-    // replays its graph and copies its draw back; a pop waits for the oldest push.
+    // of the one-token sampled step whose draw is also the next block's input token, and whose
+    // sampler writes the next block's header (position and RNG step one on, the same parameters)
+    // and its draw into pinned host memory. A push replays its block's graph, after copying in
+    // the header only where the previous step's did not write it (the chain's first step, or
+    // other values); a pop waits for the oldest push. The stream thus holds nothing but the
+    // graphs between two chained steps (no copies on the device's critical path).
     int chain_depth() const override { return dispatch_ == Dispatch::Recorded && plan_.max_tokens == 1 ? kChain : 0; }
 
     void chain_push(int64_t pos, const SamplingParams& p, uint64_t sample_step, const int32_t* first_token) override {
@@ -287,11 +290,17 @@ public:
         host.tokens[0] = first_token ? *first_token : 0;
         if (!chain_graph_[0]) record_chain(p);
         // the header, and the input token only for the chain's first step (the others' is the
-        // previous step's draw, written on the device)
-        const size_t bytes = first_token ? sizeof(StepBlock) : offsetof(StepBlock, sampled);
-        ER_CUDA(cudaMemcpyAsync(dev, &host, bytes, cudaMemcpyHostToDevice, stream_));
-        ER_CUDA(cudaGraphLaunch(chain_graph_[k], stream_));
-        ER_CUDA(cudaMemcpyAsync(&host.sampled, &dev->sampled, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+        // previous step's draw, written on the device), unless the previous step wrote this one
+        const StepBlock& prev = chain_host_.get()[(k + kChain - 1) % kChain];
+        const DeviceSampling& q = prev.sampling;
+        const bool written = pushed_ > 0 && !first_token && pos == prev.pos0 + 1 && sample_step == prev.sample_step + 1 &&
+                             q.temperature == host.sampling.temperature && q.top_k == host.sampling.top_k && q.top_p == host.sampling.top_p &&
+                             q.min_p == host.sampling.min_p && q.seed == host.sampling.seed;
+        if (!written) {
+            const size_t bytes = first_token ? sizeof(StepBlock) : offsetof(StepBlock, sampled);
+            ER_CUDA(cudaMemcpyAsync(dev, &host, bytes, cudaMemcpyHostToDevice, stream_));
+        }
+        ER_CUDA(cudaGraphLaunch(chain_graph_[k], stream_));  // (its sampler writes host.sampled)
         ER_CUDA(cudaEventRecord(chain_done_[k], stream_));
         ++pushed_;
         last_row_ = 0;
@@ -321,7 +330,7 @@ private:
             StepInputs in;
             in.n_tokens = 1;
             in.sample = &p;
-            compile(in, &launches, chain_block(k), chain_block((k + 1) % kChain));
+            compile(in, &launches, chain_block(k), chain_block((k + 1) % kChain), &chain_host_.get()[k].sampled);
             capture(launches, &chain_graph_[k], [] {}, [] {});
         }
     }
@@ -345,8 +354,8 @@ private:
     bool pairs_with_next(size_t k) const;
     GemvArgs gemv_args(size_t k, int64_t n, int64_t first, StepBlock* b) const;
     // The step's launches against step block `b` (a chained step's draw also goes to `next`'s
-    // input token).
-    void compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next = nullptr) const;
+    // input token, its header advanced into `next`'s, and the draw to `drawn`, pinned host memory).
+    void compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next = nullptr, int32_t* drawn = nullptr) const;
 
     // The step block in, and the result out: the drawn token (4 bytes) or logits.
     void begin(int64_t n) {
@@ -616,7 +625,7 @@ GemvArgs Runner::gemv_args(size_t k, int64_t n, int64_t first, StepBlock* b) con
 }
 
 // The step's launches, arguments resolved against this step's size.
-void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next) const {
+void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next, int32_t* drawn) const {
     out->clear();
     const int64_t n = in.n_tokens;
     for (size_t k = 0; k < steps_.size(); ++k) {
@@ -684,9 +693,18 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
             case Step::Glu: out->push_back(glu(GluArgs{row(op.in, 0), row(Buf::UP, 0), n * width(op.in), s.glu})); break;
         }
     }
-    if (in.sample)
-        out->push_back(sample(SampleArgs{row(Buf::LOGITS, n - 1), static_cast<int32_t>(c_.n_vocab), &b->sampling, &b->sample_step,
-                                         sample_scratch_.get(), &b->sampled, next ? next->tokens : nullptr}));
+    if (in.sample) {
+        SampleArgs a{row(Buf::LOGITS, n - 1), static_cast<int32_t>(c_.n_vocab), &b->sampling, &b->sample_step, sample_scratch_.get(),
+                     drawn ? drawn : &b->sampled};
+        if (next) {
+            a.next = next->tokens;
+            a.pos0 = &b->pos0;
+            a.next_pos0 = &next->pos0;
+            a.next_step = &next->sample_step;
+            a.next_params = &next->sampling;
+        }
+        out->push_back(sample(a));
+    }
 }
 
 }  // namespace

@@ -96,6 +96,14 @@ struct Sample {
     static __device__ void run(const Args& a);
 };
 
+// The drawn token out (a.out may be pinned host memory: fenced so the host sees it once the
+// step is done), and into the next chained step's input.
+__device__ __forceinline__ void emit(const SampleArgs& a, int32_t token) {
+    *a.out = token;
+    if (a.next) *a.next = token;
+    __threadfence_system();
+}
+
 // top-k with k <= kMaxCandidates: the CPU sampler's walk over its k best tokens, in its order.
 // The k-th largest key θ comes from a radix search (four passes of 8 bits, integer histograms:
 // exact), the tokens at or above θ are sorted in shared memory (logit descending, id ascending:
@@ -205,9 +213,13 @@ __device__ void Sample::run(const SampleArgs& a) {
     const float* __restrict__ l = a.logits;
     const int32_t n = a.n_vocab;
     double* w = a.scratch;
-    int32_t* out = a.out;
     const DeviceSampling p = *a.params;
     const uint64_t step = *a.step;
+    if (a.next_pos0 && threadIdx.x == 0) {
+        *a.next_pos0 = *a.pos0 + 1;
+        *a.next_step = step + 1;
+        *a.next_params = p;
+    }
     __shared__ double dsh[kThreads / 32];
     __shared__ float fsh[kThreads / 32];
     __shared__ int ish[kThreads / 32];
@@ -241,10 +253,7 @@ __device__ void Sample::run(const SampleArgs& a) {
     mx = fsh[0];
     const int top = best_id;
     if (p.temperature <= 0.0f) {
-        if (threadIdx.x == 0) {
-            *out = top;
-            if (a.next) *a.next = top;
-        }
+        if (threadIdx.x == 0) emit(a, top);
         return;
     }
     const uint64_t state = mix(p.seed) + (step + 1) * 0x9E3779B97F4A7C15ull;
@@ -252,10 +261,7 @@ __device__ void Sample::run(const SampleArgs& a) {
     if (p.top_k > 0 && p.top_k < n && p.top_k <= kMaxCandidates) {
         const int32_t token = sample_top_k(l, n, p, u, mx);  // (thread 0's answer)
         if (token >= 0) {  // (uniform: every thread returns -1 or none does)
-            if (threadIdx.x == 0) {
-                *out = token;
-                if (a.next) *a.next = token;
-            }
+            if (threadIdx.x == 0) emit(a, token);
             return;
         }
     }
@@ -295,10 +301,7 @@ __device__ void Sample::run(const SampleArgs& a) {
     for (int i = threadIdx.x; i < n; i += kThreads)
         if (key(l[i]) == th && key(l[i]) >= floor_key && w[i] > 0.0 && (!min_p || w[i] >= p.min_p)) atomicMin(&best_id, i);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        *out = best_id < n ? best_id : top;
-        if (a.next) *a.next = *out;
-    }
+    if (threadIdx.x == 0) emit(a, best_id < n ? best_id : top);
 }
 
 }  // namespace
