@@ -696,6 +696,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
     if (in.sample) {
         SampleArgs a{row(Buf::LOGITS, n - 1), static_cast<int32_t>(c_.n_vocab), &b->sampling, &b->sample_step, sample_scratch_.get(),
                      drawn ? drawn : &b->sampled};
+        a.out_host = drawn != nullptr;
         if (next) {
             a.next = next->tokens;
             a.pos0 = &b->pos0;

@@ -96,12 +96,12 @@ struct Sample {
     static __device__ void run(const Args& a);
 };
 
-// The drawn token out (a.out may be pinned host memory: fenced so the host sees it once the
-// step is done), and into the next chained step's input.
+// The drawn token out (pinned host memory fenced, for the host to see once the step is done),
+// and into the next chained step's input.
 __device__ __forceinline__ void emit(const SampleArgs& a, int32_t token) {
     *a.out = token;
     if (a.next) *a.next = token;
-    __threadfence_system();
+    if (a.out_host) __threadfence_system();
 }
 
 // top-k with k <= kMaxCandidates: the CPU sampler's walk over its k best tokens, in its order.

@@ -26,7 +26,7 @@ struct SampleArgs {
     const DeviceSampling* params;  // device: the step block's (a replayed step reads new values)
     const uint64_t* step;          // device: the RNG counter
     double* scratch;               // n_vocab doubles
-    int32_t* out;                  // the drawn token (device memory, or pinned host memory)
+    int32_t* out;                  // the drawn token (device memory, or pinned host memory: out_host)
     int32_t* next = nullptr;       // or null: also written here (the next chained step's input token)
     // with next: the next chained step's header, written here from this step's (its position one
     // on, the RNG counter one on, the same parameters), so the host copies no header in between
@@ -34,6 +34,7 @@ struct SampleArgs {
     int64_t* next_pos0 = nullptr;
     uint64_t* next_step = nullptr;
     DeviceSampling* next_params = nullptr;
+    bool out_host = false;  // out is pinned host memory (fenced for the host to read after the step)
 };
 Launch sample(const SampleArgs& a);
 
