@@ -19,13 +19,15 @@
 #   bench/h200.sh ab [bench args]         this tree and then each variant, recorded, one after the other on every
 #                                         file in /tmp/m (ROUNDS=2: twice over): the A/B runs of bench/NOTES.md
 #   bench/h200.sh peer                    build llama.cpp's CUDA llama-bench from the sdist source carried in
-#                                         .peer/ (never committed) into /tmp/peer (~5 min); then
+#                                         .peer.tgz (or .peer/; never committed) into /tmp/peer (~5 min); then
 #                                         `bench/h200.sh bench --peer /tmp/peer/bin/llama-bench` runs it on
 #                                         the same files in the same run. .peer/llama.cpp: the sdist's
 #                                         vendor/llama.cpp trimmed to CMakeLists.txt cmake ggml include src
 #                                         common vendor gguf-py tools/llama-bench tools/quantize, with a
 #                                         tools/CMakeLists.txt that adds only those two (ggml/src's other
-#                                         backends may go: ~24 MB). A failed build prints its first errors.
+#                                         backends may go: ~24 MB). Carry it as `tar czf .peer.tgz -C .peer
+#                                         llama.cpp` (3.5 MB): carried as a folder, some files once did not
+#                                         arrive. A failed build prints its first errors.
 # .whl/ carries the gguf wheel the device lacks (and, for `test`, the truncated real model).
 set -euo pipefail
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -100,6 +102,7 @@ case "${1:-}" in
       done
     done ;;
   peer)
+    if [ -f .peer.tgz ]; then mkdir -p .peer && tar xzf .peer.tgz -C .peer; fi
     mkdir -p /tmp/peer && cd .peer/llama.cpp
     cmake -S . -B /tmp/peer -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
@@ -107,5 +110,5 @@ case "${1:-}" in
     cmake --build /tmp/peer --target llama-bench -j 16 > /tmp/peer-build.log 2>&1 ||
       { grep -m 3 -B 2 -A 12 -E "error|Killed" /tmp/peer-build.log; tail -3 /tmp/peer-build.log; exit 1; }
     tail -1 /tmp/peer-build.log ;;
-  *) sed -n 2,29p "$0"; exit 2 ;;
+  *) sed -n 2,31p "$0"; exit 2 ;;
 esac
