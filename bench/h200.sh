@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
 # The CUDA figures of bench/NOTES.md, on the lent H200 (device tool), from the repository root:
+#   bench/h200.sh prebuild                (here, not on the device) build the package with the CUDA backend
+#                                         (sm_90a only) for the device's Python 3.12 into .dev-site (~1 min on
+#                                         two cores, 19 MB; $PY312: a Python 3.12 with scikit-build-core,
+#                                         nanobind, cmake and ninja); carry .dev-site and `setup` installs it
+#                                         instead of building there (~150 s of device time saved a machine)
 #   bench/h200.sh setup                   build the package with the CUDA backend (sm_90a only) into /tmp/site
 #   bench/h200.sh test                    the CUDA tests (backend ops, whole models, dispatch modes)
 #   bench/h200.sh models NAME...          random-weight GGUFs of real shapes into /tmp/m (NAME = PRESET-TYPE,
@@ -32,8 +37,13 @@
 set -euo pipefail
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 case "${1:-}" in
+  prebuild)
+    rm -rf .dev-site
+    CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "${PY312:-python3.12}" -m pip install --no-build-isolation --no-deps -q \
+      -C cmake.define.EDGERUNNER_CUDA=ON -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -C build-dir=/tmp/b312 --target .dev-site . ;;
   setup)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    if [ -d .dev-site/edgerunner ]; then cp -r .dev-site/. /tmp/site/; exit; fi
     CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -q \
       -C cmake.define.EDGERUNNER_CUDA=ON -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -C build-dir=/tmp/b . ;;
   test)
@@ -110,5 +120,5 @@ case "${1:-}" in
     cmake --build /tmp/peer --target llama-bench -j 16 > /tmp/peer-build.log 2>&1 ||
       { grep -m 3 -B 2 -A 12 -E "error|Killed" /tmp/peer-build.log; tail -3 /tmp/peer-build.log; exit 1; }
     tail -1 /tmp/peer-build.log ;;
-  *) sed -n 2,31p "$0"; exit 2 ;;
+  *) sed -n 2,36p "$0"; exit 2 ;;
 esac
