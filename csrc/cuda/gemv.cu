@@ -393,10 +393,17 @@ Launch rows_launch(const GemvArgs& a) {
     using K = GemvRows<T>;
     static const bool sized = allow_smem<K>(smem_per_block());
     (void)sized;
-    int per_sm = 0;  // the blocks an SM holds (asked once per launch built: at prepare time)
-    ER_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, value_entry<K>(), K::kBlockThreads, K::smem(a)));
+    // the blocks an SM holds, asked once per shared-memory size (eager dispatch builds its
+    // launches every step)
+    thread_local size_t asked = 0;
+    thread_local int per_sm = 1;
+    if (K::smem(a) != asked) {
+        ER_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, value_entry<K>(), K::kBlockThreads, K::smem(a)));
+        per_sm = std::max(per_sm, 1);
+        asked = K::smem(a);
+    }
     const int64_t pairs = (a.part[0].rows + 1) / 2;
-    const int64_t blocks = std::min<int64_t>(std::max(per_sm, 1) * static_cast<int64_t>(sm_count()), (pairs + kRowsWarps - 1) / kRowsWarps);
+    const int64_t blocks = std::min<int64_t>(per_sm * static_cast<int64_t>(sm_count()), (pairs + kRowsWarps - 1) / kRowsWarps);
     return make_launch<K>(dim3(static_cast<unsigned>(blocks)), dim3(K::kBlockThreads), a, K::smem(a));
 }
 
