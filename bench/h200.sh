@@ -23,6 +23,11 @@
 #                                         -C .ab/v/NAME`) into /tmp/site-NAME, side by side (after `setup`)
 #   bench/h200.sh ab [bench args]         this tree and then each variant, recorded, one after the other on every
 #                                         file in /tmp/m (ROUNDS=2: twice over): the A/B runs of bench/NOTES.md
+#   bench/h200.sh knob VAR V1,V2 [args]   recorded runs of every file in /tmp/m with the environment knob VAR at each
+#                                         value in turn (ROUNDS=2: twice over): A/B runs within one build
+#   bench/h200.sh parts NAME...           recorded tg128 of /tmp/m/NAME.gguf with each part of the step left out in
+#                                         turn (EDGERUNNER_CUDA_SKIP=norm, attention, ...): what a part costs a token
+#                                         in the running graph, where ncu's serialised kernels cannot tell
 #   bench/h200.sh peer                    build llama.cpp's CUDA llama-bench from the sdist source carried in
 #                                         .peer.tgz (or .peer/; never committed) into /tmp/peer (~5 min); then
 #                                         `bench/h200.sh bench --peer /tmp/peer/bin/llama-bench` runs it on
@@ -111,6 +116,27 @@ case "${1:-}" in
         PYTHONPATH=$site timeout 250 python3 -m bench /tmp/m/*.gguf --backend cuda --dispatch recorded --reps 3 "$@" | grep -E "gguf"
       done
     done ;;
+  knob)
+    # an environment knob's values in turn, recorded, on every file in /tmp/m (ROUNDS: times over)
+    shift; var=$1; values=$2; shift 2
+    for round in $(seq "${ROUNDS:-1}"); do
+      for v in ${values//,/ }; do
+        echo "== $var=$v"
+        env "$var=$v" timeout 250 python3 -m bench /tmp/m/*.gguf --backend cuda --dispatch recorded --reps 3 "$@" | grep -E "gguf"
+      done
+    done ;;
+  parts)
+    # recorded tg128 with each part left out of every step (EDGERUNNER_CUDA_SKIP): what the part
+    # costs a token with everything else in place
+    shift
+    for f in "$@"; do
+      for part in none embed norm qkv attention out gate_up down head sample; do
+        skip=$part; [ "$part" = none ] && skip=
+        printf '%s %-10s ' "$f" "$part"
+        EDGERUNNER_CUDA_SKIP=$skip timeout 120 python3 -m bench /tmp/m/$f.gguf --backend cuda --dispatch recorded --pp 16 --tg 128 --reps ${REPS:-3} |
+          grep -E "gguf" | tr -s ' ' | tail -1
+      done
+    done ;;
   peer)
     if [ -f .peer.tgz ]; then mkdir -p .peer && tar xzf .peer.tgz -C .peer; fi
     mkdir -p /tmp/peer && cd .peer/llama.cpp
@@ -120,5 +146,5 @@ case "${1:-}" in
     cmake --build /tmp/peer --target llama-bench -j 16 > /tmp/peer-build.log 2>&1 ||
       { grep -m 3 -B 2 -A 12 -E "error|Killed" /tmp/peer-build.log; tail -3 /tmp/peer-build.log; exit 1; }
     tail -1 /tmp/peer-build.log ;;
-  *) sed -n 2,36p "$0"; exit 2 ;;
+  *) sed -n 2,41p "$0"; exit 2 ;;
 esac

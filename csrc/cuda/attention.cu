@@ -3,8 +3,11 @@
 // over shared key tiles otherwise (TiledAttention).
 #include <algorithm>
 #include <cfloat>
+#include <cstdlib>
+#include <string>
 #include <stdexcept>
 
+#include "async_copy.cuh"
 #include "attention.cuh"
 #include "kv_slot.cuh"
 #include "quant_dot.cuh"
@@ -41,7 +44,52 @@ __device__ __forceinline__ void write_head(const AttentionArgs& a, int64_t t, in
 // is the same whatever the step size). With one run the block writes the output; with several,
 // each block leaves its (max, sum, unnormalised output) per head in `partial`, and the last of
 // them to finish (a counter in `done`, which it resets) merges the runs in order.
+//
+// A token with few keys (AttentionArgs::short_keys or fewer: the whole context in tg128) takes
+// the short path instead: block 0 of its runs stages every key's K and V row of its KV head in
+// shared memory (cp.async; the rows of earlier steps before the wait for the input), then the
+// block scores each (key, query head) pair with a thread, softmaxes each head with a warp, and
+// sums each output value over the keys with a thread: no partial results, no counter, no
+// second block, and no chain of keys through one warp. The choice is by the token's own key
+// count, so a token's arithmetic is still the same whatever the step size.
 constexpr int kDecodeWarps = 8, kDecodeHeads = 4, kSplits = 32, kSplitKeys = 32;  // runs of 32: 2–5 % faster decode than 64 or 128
+constexpr int kShortMaxKeys = 256;             // the short path's most keys ...
+constexpr size_t kShortSmem = 96 * 1024;       // ... where they fit in this (two blocks an SM)
+
+// The short path's shared memory: K rows, V rows (head_bytes each, padded to an odd multiple of
+// 16 bytes: eight threads' 16-byte loads of eight rows fall in distinct banks), the block's
+// queries (pre-scaled floats), the scores (then weights) per head, and each head's sum.
+struct ShortLayout {
+    int row;  // bytes between rows
+    size_t k, v, q, p, l, end;
+    __host__ __device__ ShortLayout(int head_bytes, int head_dim, int keys) {
+        const int r = (head_bytes + 15) / 16 * 16;
+        row = r % 32 == 0 ? r + 16 : r;
+        k = 0;
+        v = k + static_cast<size_t>(keys) * row;
+        q = v + static_cast<size_t>(keys) * row;
+        p = q + sizeof(float) * kDecodeHeads * head_dim;
+        l = p + sizeof(float) * kDecodeHeads * keys;
+        end = l + sizeof(float) * kDecodeHeads;
+    }
+};
+
+// Eight values d .. d + 7 of a K row (f16 or f32) staged in shared memory, as floats.
+template <KvType K>
+__device__ __forceinline__ void load8f(const uint8_t* row, int d, float (&f)[8]) {
+    if constexpr (K == KvType::F16) {
+        const uint4 w = *reinterpret_cast<const uint4*>(row + 2 * d);
+        const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
+            f[2 * i] = x.x, f[2 * i + 1] = x.y;
+        }
+    } else {
+        const float4 a = *reinterpret_cast<const float4*>(row + 4 * d), b = *reinterpret_cast<const float4*>(row + 4 * d + 16);
+        f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+    }
+}
 
 template <KvType K, int D>  // D: dimensions per lane (head sizes up to 32·D)
 struct DecodeAttention {
@@ -61,6 +109,11 @@ struct DecodeAttention {
         const int64_t pos0 = *a.pos0, pos = pos0 + t;
         const int64_t start = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
         const int64_t n_keys = pos - start + 1;
+        if (n_keys <= a.short_keys) {
+            if constexpr (K != KvType::Q8_0)
+                if (split == 0) run_short(a, t, g, h0, nh, start, pos0, pos);
+            return;
+        }
         const int64_t runs = min(static_cast<int64_t>(kSplits), (n_keys + kSplitKeys - 1) / kSplitKeys);
         const int64_t per = (n_keys + runs - 1) / runs;
         const int n_split = static_cast<int>((n_keys + per - 1) / per);
@@ -124,7 +177,9 @@ struct DecodeAttention {
         }
 
         // the warps' states, merged per head by warp j < nh (a warp that saw no key has l = 0)
-        __shared__ float sm[kDecodeWarps][kDecodeHeads], sl[kDecodeWarps][kDecodeHeads], sacc[kDecodeWarps][kDecodeHeads][32 * D];
+        __shared__ float sm[kDecodeWarps][kDecodeHeads], sl[kDecodeWarps][kDecodeHeads];
+        extern __shared__ uint4 dyn[];  // (the short path's staging area, here the warps' outputs)
+        auto sacc = reinterpret_cast<float(*)[kDecodeHeads][32 * D]>(dyn);
 #pragma unroll
         for (int j = 0; j < kDecodeHeads; ++j) {
             if (lane == 0) sm[warp][j] = m[j], sl[warp][j] = l[j];
@@ -188,6 +243,85 @@ struct DecodeAttention {
 #pragma unroll
         for (int i = 0; i < D; ++i) out[i] /= l_all;
         write_head(a, t, h0 + warp, lane, out);
+    }
+
+    static constexpr size_t split_smem() { return sizeof(float) * kDecodeWarps * kDecodeHeads * 32 * D; }
+
+    // Token t's attention over keys [start, pos] of KV head g for query heads h0 .. h0 + nh - 1,
+    // by one block (the short path above).
+    static __device__ void run_short(const Args& a, int64_t t, int g, int h0, int nh, int64_t start, int64_t pos0, int64_t pos) {
+        extern __shared__ uint4 dyn[];
+        uint8_t* smem = reinterpret_cast<uint8_t*>(dyn);
+        const int hd = a.head_dim, n = static_cast<int>(pos - start + 1);
+        const int head_bytes = hd * (K == KvType::F16 ? 2 : 4);
+        const ShortLayout at(head_bytes, hd, a.short_keys);
+        const int pieces = head_bytes / 16;  // per row (head_bytes % 16 == 0: short_keys says so)
+        // rows [from, to) of K and V into shared memory: row i is position start + i
+        auto stage = [&](int from, int to) {
+            for (int e = threadIdx.x; e < 2 * (to - from) * pieces; e += blockDim.x) {
+                const int which = e / ((to - from) * pieces), rest = e % ((to - from) * pieces);
+                const int i = from + rest / pieces, c = rest % pieces;
+                const uint8_t* slot = (which ? a.v_cache : a.k_cache) + static_cast<size_t>((start + i) % a.capacity) * a.slot_bytes;
+                copy16(smem + (which ? at.v : at.k) + static_cast<size_t>(i) * at.row + 16 * c, slot + static_cast<size_t>(g) * head_bytes + 16 * c);
+            }
+            commit();
+        };
+        const int old = static_cast<int>(max(static_cast<int64_t>(0), min(pos0 - start, static_cast<int64_t>(n))));  // written by earlier steps
+        stage(0, old);
+        wait_inputs();
+        stage(old, n);
+        float* q = reinterpret_cast<float*>(smem + at.q);
+        float* p = reinterpret_cast<float*>(smem + at.p);
+        float* l = reinterpret_cast<float*>(smem + at.l);
+        const float scale = rsqrtf(static_cast<float>(hd));
+        for (int e = threadIdx.x; e < nh * hd; e += blockDim.x) q[e] = a.q[(t * a.n_head + h0) * hd + e] * scale;
+        wait_pending<0>();
+        __syncthreads();
+        // scores: a thread per (key i, head j), consecutive threads on consecutive keys
+        for (int e = threadIdx.x; e < n * nh; e += blockDim.x) {
+            const int i = e % n, j = e / n;
+            const uint8_t* krow = smem + at.k + static_cast<size_t>(i) * at.row;
+            const float* qj = q + j * hd;
+            float s = 0.0f;
+            for (int d = 0; d < hd; d += 8) {
+                float kv[8];
+                load8f<K>(krow, d, kv);
+                const float4 q0 = *reinterpret_cast<const float4*>(qj + d), q1 = *reinterpret_cast<const float4*>(qj + d + 4);
+                s += q0.x * kv[0] + q0.y * kv[1] + q0.z * kv[2] + q0.w * kv[3] + q1.x * kv[4] + q1.y * kv[5] + q1.z * kv[6] + q1.w * kv[7];
+            }
+            p[j * a.short_keys + i] = s;
+        }
+        __syncthreads();
+        // each head's softmax by a warp: max, then the weights and their sum
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        if (warp < nh) {
+            float* pj = p + warp * a.short_keys;
+            float m = -FLT_MAX;
+            for (int i = lane; i < n; i += 32) m = fmaxf(m, pj[i]);
+            m = warp_max(m);
+            float sum = 0.0f;
+            for (int i = lane; i < n; i += 32) sum += pj[i] = __expf(pj[i] - m);
+            sum = warp_sum(sum);
+            if (lane == 0) l[warp] = sum;
+        }
+        __syncthreads();
+        // each output value (head j, dimension d) by a thread: whole warps on 32 values of a head
+        // where the head size is a multiple of 32 (q_out: the int8 copy is a warp's block)
+        for (int e = threadIdx.x; e < nh * hd; e += blockDim.x) {
+            const int j = e / hd, d = e % hd;
+            const float* pj = p + j * a.short_keys;
+            const uint8_t* vcol = smem + at.v;
+            float acc[4] = {};
+            int i = 0;
+            for (; i + 4 <= n; i += 4)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) acc[c] += pj[i + c] * Kv<K>::load(vcol + static_cast<size_t>(i + c) * at.row, d);
+            for (; i < n; ++i) acc[0] += pj[i] * Kv<K>::load(vcol + static_cast<size_t>(i) * at.row, d);
+            const float v = (acc[0] + acc[1] + (acc[2] + acc[3])) / l[j];
+            const int h = h0 + j;
+            a.out[(t * a.n_head + h) * hd + d] = v;
+            if (a.q_out) quantize_block(v, a.q_out[t * a.q_stride + (static_cast<int64_t>(h) * hd + d) / 32], lane);
+        }
     }
 };
 
@@ -463,6 +597,23 @@ struct FlashAttention {
 
 }  // namespace
 
+// The most keys a token may have for the decode attention's short path (0: none; a multiple
+// of 32): rows of whole 16-byte pieces in f16 or f32 caches, as many as fit in kShortSmem.
+// EDGERUNNER_CUDA_SHORT_ATTENTION=0 says none (for measurements).
+int short_keys(KvType kv, const AttentionArgs& a) {
+    static const bool enabled = [] {
+        const char* env = std::getenv("EDGERUNNER_CUDA_SHORT_ATTENTION");
+        return !(env && std::string(env) == "0");
+    }();
+    const int head_bytes = a.head_dim * (kv == KvType::F16 ? 2 : 4);
+    const bool aligned = reinterpret_cast<uintptr_t>(a.k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(a.v_cache) % 16 == 0 &&
+                         a.slot_bytes % 16 == 0 && head_bytes % 16 == 0 && a.head_dim % 8 == 0;
+    if (!enabled || kv == KvType::Q8_0 || !aligned) return 0;
+    int keys = kShortMaxKeys;
+    while (keys > 0 && ShortLayout(head_bytes, a.head_dim, keys).end > kShortSmem) keys -= 32;
+    return keys;
+}
+
 // Kernel K with `smem` bytes of dynamic shared memory (allowed once, up to its most).
 template <class K>
 Launch with_smem(dim3 grid, dim3 block, const AttentionArgs& a, size_t smem, size_t most) {
@@ -471,7 +622,7 @@ Launch with_smem(dim3 grid, dim3 block, const AttentionArgs& a, size_t smem, siz
     return make_launch<K>(grid, block, a, smem);
 }
 
-Launch attention(KvType kv, const AttentionArgs& a) {
+Launch attention(KvType kv, const AttentionArgs& a, int64_t fewest_keys) {
     if (a.head_dim > 32 * kMaxDims) throw std::invalid_argument("the CUDA attention kernel takes head sizes up to 256");
     if (a.q_out && a.head_dim % 32 != 0) throw std::invalid_argument("quantized attention output needs head sizes that are multiples of 32");
     const int64_t group = a.n_head / a.n_head_kv;
@@ -504,14 +655,24 @@ Launch attention(KvType kv, const AttentionArgs& a) {
     const int64_t sets = (group + kDecodeHeads - 1) / kDecodeHeads;
     const dim3 grid(static_cast<unsigned>(a.n_tokens * kSplits), static_cast<unsigned>(a.n_head_kv * sets)), block(32 * kDecodeWarps);
     const int dims = (a.head_dim + 31) / 32;
+    AttentionArgs d = a;
+    d.short_keys = fewest_keys > short_keys(kv, a) ? 0 : short_keys(kv, a);
+    const size_t short_smem = d.short_keys ? ShortLayout(a.head_dim * (kv == KvType::F16 ? 2 : 4), a.head_dim, d.short_keys).end : 0;
     switch (kv) {
-#define ER_DECODE(KV)                                                                          \
-    case KvType::KV:                                                                           \
-        if (dims <= 2) return make_launch<DecodeAttention<KvType::KV, 2>>(grid, block, a);    \
-        if (dims <= 4) return make_launch<DecodeAttention<KvType::KV, 4>>(grid, block, a);    \
-        return make_launch<DecodeAttention<KvType::KV, 8>>(grid, block, a);
+#define ER_DECODE_D(KV, D)                                                                                       \
+    {                                                                                                            \
+        using Kernel = DecodeAttention<KvType::KV, D>;                                                           \
+        return with_smem<Kernel>(grid, block, d, std::max(Kernel::split_smem(), short_smem),                     \
+                                 std::max(Kernel::split_smem(), kShortSmem));                                    \
+    }
+#define ER_DECODE(KV)                       \
+    case KvType::KV:                        \
+        if (dims <= 2) ER_DECODE_D(KV, 2)   \
+        if (dims <= 4) ER_DECODE_D(KV, 4)   \
+        ER_DECODE_D(KV, 8)
         ER_DECODE(F16) ER_DECODE(F32) ER_DECODE(Q8_0)
 #undef ER_DECODE
+#undef ER_DECODE_D
     }
     throw std::logic_error("KV type");
 }

@@ -27,12 +27,16 @@ struct AttentionArgs {
     int32_t n_head, n_head_kv, head_dim;
     float* partial;           // decode steps: attention_scratch().partial floats
     int32_t* done;            // decode steps: attention_scratch().counters, zero before the first step
+    int32_t short_keys = 0;   // (set by attention(): tokens with this many keys or fewer take one block)
 };
 // Causal softmax(q kᵀ / √d) v with an online softmax: no score matrix is stored. Steps of
 // kPrefillKernelTokens or more share each key and value among the query rows of a block; smaller
 // ones (decode) split each token's keys into runs over several blocks, whose partial results
-// meet in `partial` (flash-decoding).
-Launch attention(KvType kv, const AttentionArgs& a);
+// meet in `partial` (flash-decoding); tokens with few keys take one block each (the short path,
+// in shared memory sized at launch). fewest_keys: the fewest keys a token of the step has, where
+// the caller knows it for every time the launch runs (0: it does not; a graph replayed at every
+// position); the short path's memory is left out where no token can take it.
+Launch attention(KvType kv, const AttentionArgs& a, int64_t fewest_keys = 0);
 
 // The decode attention's scratch for steps of up to n_tokens tokens: floats of partial results,
 // and int32 counters that must start at zero (the kernel leaves them at zero).

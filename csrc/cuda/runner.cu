@@ -17,6 +17,7 @@
 // matmuls take the tensor-core GEMM (gemm.cu), which reads a bf16 copy of its input.
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -152,6 +153,36 @@ struct StepBlock {
 
 size_t step_block_bytes(int64_t max_tokens) { return sizeof(StepBlock) + static_cast<size_t>(max_tokens) * sizeof(int32_t); }
 
+// What each launch of a step does, for measurements that leave some out (EDGERUNNER_CUDA_SKIP).
+enum class Part { Embed, Norm, Quantize, Qkv, Rope, Attention, Out, GateUp, Act, Down, Head, Sample, Count };
+constexpr const char* kPartNames[] = {"embed", "norm", "quantize", "qkv", "rope", "attention", "out", "gate_up", "act", "down", "head", "sample"};
+static_assert(sizeof(kPartNames) / sizeof(kPartNames[0]) == static_cast<size_t>(Part::Count), "a name per part");
+
+// EDGERUNNER_CUDA_SKIP=norm,attention,...: the parts every step leaves out, read at load (for
+// measurements only: the step's results are then wrong; the time it saves is what those parts
+// cost the step with everything else in place, which a profiler that serialises kernels cannot
+// tell). Unknown names are refused.
+uint32_t parts_to_skip() {
+    const char* env = std::getenv("EDGERUNNER_CUDA_SKIP");
+    uint32_t mask = 0;
+    std::string list = env ? env : "";
+    for (size_t start = 0; start < list.size();) {
+        const size_t end = std::min(list.find(',', start), list.size());
+        const std::string name = list.substr(start, end - start);
+        start = end + 1;
+        if (name.empty()) continue;
+        int p = 0;
+        while (p < static_cast<int>(Part::Count) && name != kPartNames[p]) ++p;
+        if (p == static_cast<int>(Part::Count)) {
+            std::string known;
+            for (const char* n : kPartNames) known += std::string(known.empty() ? "" : ", ") + n;
+            throw std::invalid_argument("EDGERUNNER_CUDA_SKIP: unknown part '" + name + "'; the parts are " + known);
+        }
+        mask |= 1u << p;
+    }
+    return mask;
+}
+
 // One fused unit of the plan: one kernel (two where a GEMV's input must be quantized first).
 struct Step {
     enum Kind { Embed, Norm, HeadNorm, Gemv, RopeKv, Attention, Glu } kind;
@@ -175,7 +206,7 @@ class Runner final : public StepRunner {
 public:
     Runner(const ModelConfig& c, const Plan& plan, std::shared_ptr<DeviceModel> weights, std::shared_ptr<DeviceKv> kv,
            Dispatch dispatch)
-        : c_(c), plan_(plan), w_(std::move(weights)), kv_(std::move(kv)), dispatch_(dispatch), overlap_(overlap_supported()) {
+        : c_(c), plan_(plan), w_(std::move(weights)), kv_(std::move(kv)), dispatch_(dispatch), overlap_(overlap_supported()), skip_(parts_to_skip()) {
         fuse();
         const int64_t q_dim = c_.n_head * c_.head_dim, kv_dim = c_.n_head_kv * c_.head_dim;
         const int64_t widths[kBufCount] = {c_.n_embd, c_.n_embd, q_dim, kv_dim, kv_dim, q_dim, c_.n_ff, c_.n_ff, c_.n_embd, c_.n_vocab};
@@ -353,6 +384,12 @@ private:
     // Whether Gemv step k and the one after it run as one launch in one-token steps.
     bool pairs_with_next(size_t k) const;
     GemvArgs gemv_args(size_t k, int64_t n, int64_t first, StepBlock* b) const;
+    // The fewest keys a token of this step sees in attention op `op`, where the step's launches
+    // run once (several tokens: never recorded, never tabled); 0 for one-token steps.
+    static int64_t fewest_keys(const Op& op, const StepInputs& in) {
+        if (in.n_tokens == 1) return 0;
+        return op.window > 0 ? std::min<int64_t>(in.pos0 + 1, op.window) : in.pos0 + 1;
+    }
     // The step's launches against step block `b` (a chained step's draw also goes to `next`'s
     // input token, its header advanced into `next`'s, and the draw to `drawn`, pinned host memory).
     void compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next = nullptr, int32_t* drawn = nullptr) const;
@@ -432,6 +469,7 @@ private:
     std::shared_ptr<DeviceKv> kv_;
     Dispatch dispatch_;
     bool overlap_;  // programmatic dependent launch between kernels
+    uint32_t skip_;  // 1 << Part: what every step leaves out (parts_to_skip; measurements only)
     std::vector<Step> steps_;
     size_t offset_[kBufCount] = {};
     int64_t width_[kBufCount] = {};
@@ -628,6 +666,9 @@ GemvArgs Runner::gemv_args(size_t k, int64_t n, int64_t first, StepBlock* b) con
 void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next, int32_t* drawn) const {
     out->clear();
     const int64_t n = in.n_tokens;
+    auto push = [&](Part part, const Launch& l) {
+        if (!(skip_ >> static_cast<int>(part) & 1u)) out->push_back(l);
+    };
     for (size_t k = 0; k < steps_.size(); ++k) {
         const Step& s = steps_[k];
         const Op& op = s.op;
@@ -635,62 +676,65 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
         const int64_t first = op.tail && !in.logits_out ? n - 1 : 0;
         switch (s.kind) {
             case Step::Embed:
-                out->push_back(embed(op.weight->type, EmbedArgs{(*w_)(op.weight), op.weight->row_bytes, op.weight->cols, b->tokens, n,
-                                                                 row(Buf::X, 0), op.scale}));
+                push(Part::Embed, embed(op.weight->type, EmbedArgs{(*w_)(op.weight), op.weight->row_bytes, op.weight->cols, b->tokens, n,
+                                                                    row(Buf::X, 0), op.scale}));
                 break;
             case Step::Norm: {
                 const bool q_out = s.q_out && !takes_gemm(k + 1, n - first);
-                out->push_back(rms_norm(NormArgs{row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first),
-                                                 n - first, width(op.in), c_.norm_eps, op.accumulate, q_out ? qrow(first) : nullptr,
-                                                 q_stride()}));
+                push(Part::Norm, rms_norm(NormArgs{row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first),
+                                                   n - first, width(op.in), c_.norm_eps, op.accumulate, q_out ? qrow(first) : nullptr,
+                                                   q_stride()}));
                 break;
             }
             case Step::HeadNorm:
-                out->push_back(rms_norm(NormArgs{row(op.in, 0), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.in, 0),
-                                                 n * op.heads, c_.head_dim, c_.norm_eps, false, nullptr, 0}));
+                push(Part::Norm, rms_norm(NormArgs{row(op.in, 0), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.in, 0),
+                                                   n * op.heads, c_.head_dim, c_.norm_eps, false, nullptr, 0}));
                 break;
             case Step::Gemv: {
                 const Weight& w = *op.weight;
                 const bool from_glu = n == 1 && k > 0 && steps_[k - 1].q8_for_next;  // the int8 input is in qglu_
                 if (takes_gemm(k, n - first)) {
                     if (!s.input_ready)
-                        out->push_back(bf16_activations(Bf16Args{row(op.in, first), hrow(first), n - first, w.cols, width(op.in), h_stride()}));
+                        push(Part::Quantize, bf16_activations(Bf16Args{row(op.in, first), hrow(first), n - first, w.cols, width(op.in), h_stride()}));
                 } else if (s.quantize && !from_glu) {
-                    out->push_back(quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
+                    push(Part::Quantize, quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
                 }
                 const GemvArgs a = gemv_args(k, n, first, b);
+                const Part part = op.tail ? Part::Head : s.glu != cuda::Glu::None ? Part::GateUp : !op.accumulate ? Part::Qkv
+                                : op.in == Buf::ATT ? Part::Out : Part::Down;
                 if (n == 1 && s.pair_next) {  // with the next step's GEMV as one launch
                     const GemvArgs a2 = gemv_args(k + 1, n, first, b);
                     if (gemv_pairs(w.type, a, steps_[k + 1].op.weight->type, a2)) {
-                        out->push_back(gemv_pair(w.type, a, steps_[k + 1].op.weight->type, a2));
+                        push(part, gemv_pair(w.type, a, steps_[k + 1].op.weight->type, a2));
                         ++k;
                         break;
                     }
                 }
-                out->push_back(gemv(w.type, a));
+                push(part, gemv(w.type, a));
                 break;
             }
             case Step::RopeKv: {
                 if (n == 1 && s.rope_by_gemv) break;  // the GEMVs before it did it
                 const int64_t l = s.layer;
-                out->push_back(rope_kv(kv_->type, RopeKvArgs{row(Buf::Q, 0), row(Buf::K, 0), row(Buf::V, 0), kv_->k(l), kv_->v(l),
-                                                  inv_freq_.get() + (s.local_rope ? c_.rope_dim / 2 : 0), n, &b->pos0,
-                                                  kv_->capacity[static_cast<size_t>(l)], kv_->slot_bytes, c_.rope_linear_scale, c_.rope_attn_factor,
-                                                  static_cast<int32_t>(c_.n_head), static_cast<int32_t>(c_.n_head_kv),
-                                                  static_cast<int32_t>(c_.head_dim), static_cast<int32_t>(c_.rope_dim),
-                                                  c_.rope_style == RopeStyle::Neox}));
+                push(Part::Rope, rope_kv(kv_->type, RopeKvArgs{row(Buf::Q, 0), row(Buf::K, 0), row(Buf::V, 0), kv_->k(l), kv_->v(l),
+                                                    inv_freq_.get() + (s.local_rope ? c_.rope_dim / 2 : 0), n, &b->pos0,
+                                                    kv_->capacity[static_cast<size_t>(l)], kv_->slot_bytes, c_.rope_linear_scale, c_.rope_attn_factor,
+                                                    static_cast<int32_t>(c_.n_head), static_cast<int32_t>(c_.n_head_kv),
+                                                    static_cast<int32_t>(c_.head_dim), static_cast<int32_t>(c_.rope_dim),
+                                                    c_.rope_style == RopeStyle::Neox}));
                 break;
             }
             case Step::Attention: {
                 const int64_t l = op.layer;
                 const bool q_out = s.q_out && !takes_gemm(k + 1, n);
-                out->push_back(attention(kv_->type, AttentionArgs{row(op.in, 0), kv_->k(l), kv_->v(l), row(op.out, 0), q_out ? qrow(0) : nullptr,
-                                                       q_stride(), n, &b->pos0, kv_->capacity[static_cast<size_t>(l)], op.window, kv_->slot_bytes,
-                                                       static_cast<int32_t>(c_.n_head), static_cast<int32_t>(c_.n_head_kv),
-                                                       static_cast<int32_t>(c_.head_dim), attn_partial_.get(), attn_done_.get()}));
+                push(Part::Attention, attention(kv_->type, AttentionArgs{row(op.in, 0), kv_->k(l), kv_->v(l), row(op.out, 0), q_out ? qrow(0) : nullptr,
+                                                              q_stride(), n, &b->pos0, kv_->capacity[static_cast<size_t>(l)], op.window, kv_->slot_bytes,
+                                                              static_cast<int32_t>(c_.n_head), static_cast<int32_t>(c_.n_head_kv),
+                                                              static_cast<int32_t>(c_.head_dim), attn_partial_.get(), attn_done_.get()},
+                                                       fewest_keys(op, in)));
                 break;
             }
-            case Step::Glu: out->push_back(glu(GluArgs{row(op.in, 0), row(Buf::UP, 0), n * width(op.in), s.glu})); break;
+            case Step::Glu: push(Part::Act, glu(GluArgs{row(op.in, 0), row(Buf::UP, 0), n * width(op.in), s.glu})); break;
         }
     }
     if (in.sample) {
@@ -704,7 +748,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
             a.next_step = &next->sample_step;
             a.next_params = &next->sampling;
         }
-        out->push_back(sample(a));
+        push(Part::Sample, sample(a));
     }
 }
 
