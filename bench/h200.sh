@@ -138,6 +138,17 @@ case "${1:-}" in
       done
     done ;;
   peer)
+    if [ -f .peer-bin/llama-bench.xz ]; then  # built here (bench/NOTES.md: how), if it runs there
+      mkdir -p /tmp/peer/bin
+      python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+        .peer-bin/llama-bench.xz /tmp/peer/bin/llama-bench.bin
+      chmod +x /tmp/peer/bin/llama-bench.bin
+      libs=$( (find / -name 'libcublas.so.13' -not -path '/proc/*' 2>/dev/null || true) | xargs -r -n1 dirname | sort -u | tr '\n' ':')
+      printf '#!/bin/sh\nLD_LIBRARY_PATH=%s$LD_LIBRARY_PATH exec /tmp/peer/bin/llama-bench.bin "$@"\n' "$libs" > /tmp/peer/bin/llama-bench
+      chmod +x /tmp/peer/bin/llama-bench
+      if /tmp/peer/bin/llama-bench --help > /dev/null 2>&1; then echo "llama-bench: the carried build"; exit; fi
+      echo "the carried llama-bench does not run here:"; /tmp/peer/bin/llama-bench --help 2>&1 | head -3
+    fi
     if [ -f .peer.tgz ]; then mkdir -p .peer && tar xzf .peer.tgz -C .peer; fi
     mkdir -p /tmp/peer && cd .peer/llama.cpp
     cmake -S . -B /tmp/peer -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \

@@ -46,31 +46,34 @@ __device__ __forceinline__ void write_head(const AttentionArgs& a, int64_t t, in
 // them to finish (a counter in `done`, which it resets) merges the runs in order.
 //
 // A token with few keys (AttentionArgs::short_keys or fewer: the whole context in tg128) takes
-// the short path instead: block 0 of its runs stages every key's K and V row of its KV head in
-// shared memory (cp.async; the rows of earlier steps before the wait for the input), then the
-// block scores each (key, query head) pair with a thread, softmaxes each head with a warp, and
-// sums each output value over the keys with a thread: no partial results, no counter, no
-// second block, and no chain of keys through one warp. The choice is by the token's own key
-// count, so a token's arithmetic is still the same whatever the step size.
+// the short path instead: block j of its runs takes query head h0 + j alone. It stages every
+// key's K and V row of the KV head in shared memory (cp.async; the rows of earlier steps before
+// the wait for the input: each of the group's blocks reads them, from L2), then scores a key a
+// thread, softmaxes over the block, and sums the weighted V rows a key per warp at a time (as the
+// split path's warps do), the warps' sums then added in order. No partial results, no counter,
+// no chain of keys through one warp, and the group's heads on as many SMs. The choice is by the
+// token's own key count, so its arithmetic is still the same whatever the step size.
 constexpr int kDecodeWarps = 8, kDecodeHeads = 4, kSplits = 32, kSplitKeys = 32;  // runs of 32: 2–5 % faster decode than 64 or 128
-constexpr int kShortMaxKeys = 256;             // the short path's most keys ...
-constexpr size_t kShortSmem = 96 * 1024;       // ... where they fit in this (two blocks an SM)
+constexpr int kShortMaxKeys = 32 * kDecodeWarps;  // the short path's most keys (a thread each) ...
+constexpr size_t kShortSmem = 96 * 1024;          // ... where they fit in this (two blocks an SM)
+static_assert(kDecodeHeads <= kSplits, "a block of the runs per query head of a set");
 
 // The short path's shared memory: K rows, V rows (head_bytes each, padded to an odd multiple of
-// 16 bytes: eight threads' 16-byte loads of eight rows fall in distinct banks), the block's
-// queries (pre-scaled floats), the scores (then weights) per head, and each head's sum.
+// 16 bytes: eight threads' 16-byte loads of eight rows fall in distinct banks), the query
+// (pre-scaled floats), the weights, the warps' maxima and sums, and the warps' output sums.
 struct ShortLayout {
     int row;  // bytes between rows
-    size_t k, v, q, p, l, end;
+    size_t k, v, q, p, red, acc, end;
     __host__ __device__ ShortLayout(int head_bytes, int head_dim, int keys) {
         const int r = (head_bytes + 15) / 16 * 16;
         row = r % 32 == 0 ? r + 16 : r;
         k = 0;
         v = k + static_cast<size_t>(keys) * row;
         q = v + static_cast<size_t>(keys) * row;
-        p = q + sizeof(float) * kDecodeHeads * head_dim;
-        l = p + sizeof(float) * kDecodeHeads * keys;
-        end = l + sizeof(float) * kDecodeHeads;
+        p = q + sizeof(float) * head_dim;
+        red = p + sizeof(float) * keys;
+        acc = red + sizeof(float) * 2 * kDecodeWarps;
+        end = acc + sizeof(float) * kDecodeWarps * head_dim;
     }
 };
 
@@ -111,7 +114,7 @@ struct DecodeAttention {
         const int64_t n_keys = pos - start + 1;
         if (n_keys <= a.short_keys) {
             if constexpr (K != KvType::Q8_0)
-                if (split == 0) run_short(a, t, g, h0, nh, start, pos0, pos);
+                if (split < nh) run_short(a, t, g, h0 + split, start, pos0, pos);
             return;
         }
         const int64_t runs = min(static_cast<int64_t>(kSplits), (n_keys + kSplitKeys - 1) / kSplitKeys);
@@ -247,12 +250,13 @@ struct DecodeAttention {
 
     static constexpr size_t split_smem() { return sizeof(float) * kDecodeWarps * kDecodeHeads * 32 * D; }
 
-    // Token t's attention over keys [start, pos] of KV head g for query heads h0 .. h0 + nh - 1,
-    // by one block (the short path above).
-    static __device__ void run_short(const Args& a, int64_t t, int g, int h0, int nh, int64_t start, int64_t pos0, int64_t pos) {
+    // Token t's attention over keys [start, pos] of KV head g for query head h, by one block (the
+    // short path above).
+    static __device__ void run_short(const Args& a, int64_t t, int g, int h, int64_t start, int64_t pos0, int64_t pos) {
         extern __shared__ uint4 dyn[];
         uint8_t* smem = reinterpret_cast<uint8_t*>(dyn);
         const int hd = a.head_dim, n = static_cast<int>(pos - start + 1);
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         const int head_bytes = hd * (K == KvType::F16 ? 2 : 4);
         const ShortLayout at(head_bytes, hd, a.short_keys);
         const int pieces = head_bytes / 16;  // per row (head_bytes % 16 == 0: short_keys says so)
@@ -272,53 +276,62 @@ struct DecodeAttention {
         stage(old, n);
         float* q = reinterpret_cast<float*>(smem + at.q);
         float* p = reinterpret_cast<float*>(smem + at.p);
-        float* l = reinterpret_cast<float*>(smem + at.l);
+        float* red = reinterpret_cast<float*>(smem + at.red);
+        float* acc_w = reinterpret_cast<float*>(smem + at.acc);
         const float scale = rsqrtf(static_cast<float>(hd));
-        for (int e = threadIdx.x; e < nh * hd; e += blockDim.x) q[e] = a.q[(t * a.n_head + h0) * hd + e] * scale;
+        for (int e = threadIdx.x; e < hd; e += blockDim.x) q[e] = a.q[(t * a.n_head + h) * hd + e] * scale;
         wait_pending<0>();
         __syncthreads();
-        // scores: a thread per (key i, head j), consecutive threads on consecutive keys
-        for (int e = threadIdx.x; e < n * nh; e += blockDim.x) {
-            const int i = e % n, j = e / n;
+        // key i's score by thread i, over 8 values at a time (two sums: a shorter chain)
+        const int i = threadIdx.x;
+        float s = -FLT_MAX;
+        if (i < n) {
             const uint8_t* krow = smem + at.k + static_cast<size_t>(i) * at.row;
-            const float* qj = q + j * hd;
-            float s = 0.0f;
-            for (int d = 0; d < hd; d += 8) {
-                float kv[8];
-                load8f<K>(krow, d, kv);
-                const float4 q0 = *reinterpret_cast<const float4*>(qj + d), q1 = *reinterpret_cast<const float4*>(qj + d + 4);
-                s += q0.x * kv[0] + q0.y * kv[1] + q0.z * kv[2] + q0.w * kv[3] + q1.x * kv[4] + q1.y * kv[5] + q1.z * kv[6] + q1.w * kv[7];
-            }
-            p[j * a.short_keys + i] = s;
-        }
-        __syncthreads();
-        // each head's softmax by a warp: max, then the weights and their sum
-        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        if (warp < nh) {
-            float* pj = p + warp * a.short_keys;
-            float m = -FLT_MAX;
-            for (int i = lane; i < n; i += 32) m = fmaxf(m, pj[i]);
-            m = warp_max(m);
-            float sum = 0.0f;
-            for (int i = lane; i < n; i += 32) sum += pj[i] = __expf(pj[i] - m);
-            sum = warp_sum(sum);
-            if (lane == 0) l[warp] = sum;
-        }
-        __syncthreads();
-        // each output value (head j, dimension d) by a thread: whole warps on 32 values of a head
-        // where the head size is a multiple of 32 (q_out: the int8 copy is a warp's block)
-        for (int e = threadIdx.x; e < nh * hd; e += blockDim.x) {
-            const int j = e / hd, d = e % hd;
-            const float* pj = p + j * a.short_keys;
-            const uint8_t* vcol = smem + at.v;
-            float acc[4] = {};
-            int i = 0;
-            for (; i + 4 <= n; i += 4)
+            float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
-                for (int c = 0; c < 4; ++c) acc[c] += pj[i + c] * Kv<K>::load(vcol + static_cast<size_t>(i + c) * at.row, d);
-            for (; i < n; ++i) acc[0] += pj[i] * Kv<K>::load(vcol + static_cast<size_t>(i) * at.row, d);
-            const float v = (acc[0] + acc[1] + (acc[2] + acc[3])) / l[j];
-            const int h = h0 + j;
+            for (int c = 0; c < 4 * D; ++c) {
+                if (8 * c >= hd) break;
+                float kv[8];
+                load8f<K>(krow, 8 * c, kv);
+                const float4 q0 = *reinterpret_cast<const float4*>(q + 8 * c), q1 = *reinterpret_cast<const float4*>(q + 8 * c + 4);
+                s0 += q0.x * kv[0] + q0.y * kv[1] + q0.z * kv[2] + q0.w * kv[3];
+                s1 += q1.x * kv[4] + q1.y * kv[5] + q1.z * kv[6] + q1.w * kv[7];
+            }
+            s = s0 + s1;
+        }
+        // the softmax over the block: max, weights, sum
+        float m = warp_max(s);
+        if (lane == 0) red[warp] = m;
+        __syncthreads();
+        m = red[0];
+        for (int w = 1; w < kDecodeWarps; ++w) m = fmaxf(m, red[w]);
+        const float e = i < n ? __expf(s - m) : 0.0f;
+        if (i < n) p[i] = e;
+        const float sum_w = warp_sum(e);
+        if (lane == 0) red[kDecodeWarps + warp] = sum_w;
+        __syncthreads();
+        float l = 0.0f;
+        for (int w = 0; w < kDecodeWarps; ++w) l += red[kDecodeWarps + w];
+        // warp w adds keys w, w + 8, ... into its lanes' dimensions (l, l + 32, ...)
+        float acc[D] = {};
+#pragma unroll 4
+        for (int k = warp; k < n; k += kDecodeWarps) {
+            const float pk = p[k];
+            const uint8_t* vrow = smem + at.v + static_cast<size_t>(k) * at.row;
+#pragma unroll
+            for (int j = 0; j < D; ++j)
+                if (lane + 32 * j < hd) acc[j] += pk * Kv<K>::load(vrow, lane + 32 * j);
+        }
+#pragma unroll
+        for (int j = 0; j < D; ++j)
+            if (lane + 32 * j < hd) acc_w[warp * hd + lane + 32 * j] = acc[j];
+        __syncthreads();
+        // value d of the head: the warps' sums in order (whole warps on 32 values where the head
+        // size is a multiple of 32: q_out's int8 block is a warp's)
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float v = 0.0f;
+            for (int w = 0; w < kDecodeWarps; ++w) v += acc_w[w * hd + d];
+            v /= l;
             a.out[(t * a.n_head + h) * hd + d] = v;
             if (a.q_out) quantize_block(v, a.q_out[t * a.q_stride + (static_cast<int64_t>(h) * hd + d) / 32], lane);
         }
