@@ -612,17 +612,19 @@ struct FlashAttention {
 
 // The most keys a token may have for the decode attention's short path (0: none; a multiple
 // of 32): rows of whole 16-byte pieces in f16 or f32 caches, as many as fit in kShortSmem.
-// EDGERUNNER_CUDA_SHORT_ATTENTION=0 says none (for measurements).
+// EDGERUNNER_CUDA_SHORT_ATTENTION=0 says none, =N at most N (for measurements: its shared memory
+// is sized for what it may take).
 int short_keys(KvType kv, const AttentionArgs& a) {
-    static const bool enabled = [] {
+    static const int most = [] {
         const char* env = std::getenv("EDGERUNNER_CUDA_SHORT_ATTENTION");
-        return !(env && std::string(env) == "0");
+        const int n = env ? std::atoi(env) : 1;
+        return n == 1 ? kShortMaxKeys : std::clamp(n / 32 * 32, 0, kShortMaxKeys);
     }();
     const int head_bytes = a.head_dim * (kv == KvType::F16 ? 2 : 4);
     const bool aligned = reinterpret_cast<uintptr_t>(a.k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(a.v_cache) % 16 == 0 &&
                          a.slot_bytes % 16 == 0 && head_bytes % 16 == 0 && a.head_dim % 8 == 0;
-    if (!enabled || kv == KvType::Q8_0 || !aligned) return 0;
-    int keys = kShortMaxKeys;
+    if (kv == KvType::Q8_0 || !aligned) return 0;
+    int keys = most;
     while (keys > 0 && ShortLayout(head_bytes, a.head_dim, keys).end > kShortSmem) keys -= 32;
     return keys;
 }
