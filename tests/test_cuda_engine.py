@@ -74,7 +74,7 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, wide):
         assert np.array_equal(s.logits(), full[t])
 
 
-def test_cuda_refuses_what_it_cannot_run(tmp_path):
+def test_cuda_refuses_what_it_cannot_run(tmp_path, monkeypatch):
     from edgerunner.model_builder import write_random_model
 
     path = tmp_path / "m.gguf"
@@ -86,6 +86,9 @@ def test_cuda_refuses_what_it_cannot_run(tmp_path):
     with pytest.raises(ValueError, match="unknown dispatch mode 'graphs'; choose eager, argument_buffers, recorded or auto"):
         _core.Model.load(str(path), backend="cuda", dispatch="graphs")
     assert _core.Model.load(str(path), precise=True).backend == "cpu"  # auto never picks CUDA for precise
+    monkeypatch.setenv("EDGERUNNER_CUDA_SKIP", "attention,nrom")  # (a measurement knob, read at load)
+    with pytest.raises(ValueError, match="EDGERUNNER_CUDA_SKIP: unknown part 'nrom'; the parts are embed, norm, quantize"):
+        _core.Session(_core.Model.load(str(path), backend="cuda"))
 
 
 def assert_matches_cpu(gpu, cpu, ids, rel, steps=8, label=""):

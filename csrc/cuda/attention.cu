@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstdlib>
-#include <string>
 #include <stdexcept>
 
 #include "async_copy.cuh"
@@ -671,7 +670,8 @@ Launch attention(KvType kv, const AttentionArgs& a, int64_t fewest_keys) {
     const dim3 grid(static_cast<unsigned>(a.n_tokens * kSplits), static_cast<unsigned>(a.n_head_kv * sets)), block(32 * kDecodeWarps);
     const int dims = (a.head_dim + 31) / 32;
     AttentionArgs d = a;
-    d.short_keys = fewest_keys > short_keys(kv, a) ? 0 : short_keys(kv, a);
+    const int few = short_keys(kv, a);
+    d.short_keys = fewest_keys > few ? 0 : few;  // (no token of the step could take it: no memory for it)
     const size_t short_smem = d.short_keys ? ShortLayout(a.head_dim * (kv == KvType::F16 ? 2 : 4), a.head_dim, d.short_keys).end : 0;
     switch (kv) {
 #define ER_DECODE_D(KV, D)                                                                                       \
