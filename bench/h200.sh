@@ -28,8 +28,10 @@
 #   bench/h200.sh parts NAME...           recorded tg128 of /tmp/m/NAME.gguf with each part of the step left out in
 #                                         turn (EDGERUNNER_CUDA_SKIP=norm, attention, ...): what a part costs a token
 #                                         in the running graph, where ncu's serialised kernels cannot tell
-#   bench/h200.sh peer                    build llama.cpp's CUDA llama-bench from the sdist source carried in
-#                                         .peer.tgz (or .peer/; never committed) into /tmp/peer (~5 min); then
+#   bench/h200.sh peer                    llama.cpp's CUDA llama-bench into /tmp/peer: the build made here and carried
+#                                         as .peer-bin/llama-bench.xz (never committed; bench/NOTES.md, thirteenth
+#                                         CUDA session: how), where it runs there; else built from the sdist source
+#                                         carried in .peer.tgz (or .peer/; never committed) (~5 min); then
 #                                         `bench/h200.sh bench --peer /tmp/peer/bin/llama-bench` runs it on
 #                                         the same files in the same run. .peer/llama.cpp: the sdist's
 #                                         vendor/llama.cpp trimmed to CMakeLists.txt cmake ggml include src
@@ -157,5 +159,5 @@ case "${1:-}" in
     cmake --build /tmp/peer --target llama-bench -j 16 > /tmp/peer-build.log 2>&1 ||
       { grep -m 3 -B 2 -A 12 -E "error|Killed" /tmp/peer-build.log; tail -3 /tmp/peer-build.log; exit 1; }
     tail -1 /tmp/peer-build.log ;;
-  *) sed -n 2,41p "$0"; exit 2 ;;
+  *) sed -n 2,43p "$0"; exit 2 ;;
 esac
