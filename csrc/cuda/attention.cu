@@ -670,7 +670,13 @@ Launch attention(KvType kv, const AttentionArgs& a, int64_t fewest_keys) {
     const dim3 grid(static_cast<unsigned>(a.n_tokens * kSplits), static_cast<unsigned>(a.n_head_kv * sets)), block(32 * kDecodeWarps);
     const int dims = (a.head_dim + 31) / 32;
     AttentionArgs d = a;
-    const int few = short_keys(kv, a);
+    // The launch asks the short path's memory at every position (one graph serves them all), so
+    // past short_keys the split path runs two blocks an SM (at 96 KB on sm_90): where its
+    // one-token grid would then take more than one wave (many KV heads: Phi-3 mini's 32 make 1024
+    // blocks), the split path keeps the launch to itself, as before the short path. (By the
+    // one-token grid, not this step's: the choice is the same for every step of a model.)
+    const bool one_wave = static_cast<int64_t>(kSplits) * a.n_head_kv * sets <= 2 * static_cast<int64_t>(sm_count());
+    const int few = one_wave ? short_keys(kv, a) : 0;
     d.short_keys = fewest_keys > few ? 0 : few;  // (no token of the step could take it: no memory for it)
     const size_t short_smem = d.short_keys ? ShortLayout(a.head_dim * (kv == KvType::F16 ? 2 : 4), a.head_dim, d.short_keys).end : 0;
     switch (kv) {
