@@ -38,7 +38,8 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, wide):
     """reset, extend, decode and rewinds give the logits of one full prefill exactly: in steps
     of up to 15 tokens (chunks of 8 here) each token's kernels do the same arithmetic whatever
     the step size, including which decode attention takes it (the short path's one block per
-    query head up to 160 keys at these heads of 128, then runs of 32+ keys split over blocks),
+    query head up to 160 keys at these heads of 128 in f16, 64 in f32, then runs of 32+ keys
+    split over blocks),
     whether RoPE and the KV write are a kernel of their own (steps of several tokens) or
     done by the GEMVs of Q, K and V as they store them (one token, llama's adjacent pairs), and
     whether gate·up's int8 copy comes from the quantize kernel or from its own GEMV (one token),
