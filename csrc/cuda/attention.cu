@@ -611,8 +611,12 @@ struct FlashAttention {
 
 // The most keys a token may have for the decode attention's short path (0: none; a multiple
 // of 32): rows of whole 16-byte pieces in f16 or f32 caches, as many as fit in kShortSmem.
-// EDGERUNNER_CUDA_SHORT_ATTENTION=0 says none, =N at most N (for measurements: its shared memory
-// is sized for what it may take).
+// The launch asks that memory at every position (one graph serves them all), so past it the
+// split path runs two blocks an SM (at 96 KB on sm_90): where its one-token grid would then take
+// more than one wave (many KV heads: Phi-3 mini's 32 make 1024 blocks), none, and the split path
+// keeps its own small memory. (By the one-token grid, not a step's: the same for every step of a
+// model.) EDGERUNNER_CUDA_SHORT_ATTENTION=0 says none, =N at most N (for measurements: its
+// shared memory is sized for what it may take).
 int short_keys(KvType kv, const AttentionArgs& a) {
     static const int most = [] {
         const char* env = std::getenv("EDGERUNNER_CUDA_SHORT_ATTENTION");
@@ -622,7 +626,9 @@ int short_keys(KvType kv, const AttentionArgs& a) {
     const int head_bytes = a.head_dim * (kv == KvType::F16 ? 2 : 4);
     const bool aligned = reinterpret_cast<uintptr_t>(a.k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(a.v_cache) % 16 == 0 &&
                          a.slot_bytes % 16 == 0 && head_bytes % 16 == 0 && a.head_dim % 8 == 0;
-    if (kv == KvType::Q8_0 || !aligned) return 0;
+    const int64_t sets = (a.n_head / a.n_head_kv + kDecodeHeads - 1) / kDecodeHeads;
+    const bool one_wave = static_cast<int64_t>(kSplits) * a.n_head_kv * sets <= 2 * static_cast<int64_t>(sm_count());
+    if (kv == KvType::Q8_0 || !aligned || !one_wave) return 0;
     int keys = most;
     while (keys > 0 && ShortLayout(head_bytes, a.head_dim, keys).end > kShortSmem) keys -= 32;
     return keys;
@@ -670,13 +676,7 @@ Launch attention(KvType kv, const AttentionArgs& a, int64_t fewest_keys) {
     const dim3 grid(static_cast<unsigned>(a.n_tokens * kSplits), static_cast<unsigned>(a.n_head_kv * sets)), block(32 * kDecodeWarps);
     const int dims = (a.head_dim + 31) / 32;
     AttentionArgs d = a;
-    // The launch asks the short path's memory at every position (one graph serves them all), so
-    // past short_keys the split path runs two blocks an SM (at 96 KB on sm_90): where its
-    // one-token grid would then take more than one wave (many KV heads: Phi-3 mini's 32 make 1024
-    // blocks), the split path keeps the launch to itself, as before the short path. (By the
-    // one-token grid, not this step's: the choice is the same for every step of a model.)
-    const bool one_wave = static_cast<int64_t>(kSplits) * a.n_head_kv * sets <= 2 * static_cast<int64_t>(sm_count());
-    const int few = one_wave ? short_keys(kv, a) : 0;
+    const int few = short_keys(kv, a);
     d.short_keys = fewest_keys > few ? 0 : few;  // (no token of the step could take it: no memory for it)
     const size_t short_smem = d.short_keys ? ShortLayout(a.head_dim * (kv == KvType::F16 ? 2 : 4), a.head_dim, d.short_keys).end : 0;
     switch (kv) {
