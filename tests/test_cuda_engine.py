@@ -31,10 +31,10 @@ def test_cuda_logits_close_to_float64_reference(tiny_models, case):
 
 
 # Q4_K + Q6_K super-blocks; Q4_0's 2-byte aligned blocks; Q8_0's 34-byte ones; an f32 cache; a
-# wide model (below)
-@pytest.mark.parametrize("ttype,kv_type,wide", [("Q4_K_M", "f16", False), ("Q4_0", "f16", False), ("Q8_0", "f16", False),
-                                                ("Q4_0", "f32", False), ("Q4_0", "f16", True)])
-def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, wide):
+# wide model and one with a long LM head (below)
+@pytest.mark.parametrize("ttype,kv_type,shape", [("Q4_K_M", "f16", "small"), ("Q4_0", "f16", "small"), ("Q8_0", "f16", "small"),
+                                                 ("Q4_0", "f32", "small"), ("Q4_0", "f16", "wide"), ("Q8_0", "f16", "long_head")])
+def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
     """reset, extend, decode and rewinds give the logits of one full prefill exactly: in steps
     of up to 15 tokens (chunks of 8 here) each token's kernels do the same arithmetic whatever
     the step size, including which decode attention takes it (the short path's one block per
@@ -44,16 +44,24 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, wide):
     done by the GEMVs of Q, K and V as they store them (one token, llama's adjacent pairs), and
     whether gate·up's int8 copy comes from the quantize kernel or from its own GEMV (one token),
     and whether a V of another format than Q and K (Q4_K_M's Q6_K layer) is its own launch or
-    shares theirs (one token: StagedPair). The wide model (rows of 2048 values, heads of 128, 8192 gate·up rows: more blocks of 32
+    shares theirs (one token: StagedPair), and whether an RMSNorm is a kernel of its own that
+    writes the int8 copy (steps of several tokens) or folded into the one-token GEMVs that read
+    it, each block normalizing the row itself with another block size (GemvArgs::norm: Q·K·V,
+    gate·up and the LM head of the small models, whose 20000 short rows in the long-head model
+    take the short-row kernel, GemvRows; only the LM head in the wide model, whose other grids
+    would read more than the fold's budget). The wide model (rows of 2048 values, heads of 128, 8192 gate·up rows: more blocks of 32
     than a GPU has SMs, so its one-token steps quantize the down projection's input with the
     quantize kernel too) streams whole chunks of its rows through the GEMVs' rings (the down
-    projection four a row) and takes the norm's 512 threads.
+    projection four a row) and takes the norm kernel's 512 threads (the folded norm's blocks
+    have 256).
     (From 16 tokens on, prefill takes the tensor-core GEMM, on bf16 weights and activations,
     and the tiled attention: other arithmetic, checked against float64 and the CPU backend.)"""
     from edgerunner.model_builder import write_random_model
 
     path = tmp_path / "m.gguf"
-    shape = dict(n_heads=16, n_kv_heads=4, dim=2048, ffn_dim=8192) if wide else dict(n_heads=2, n_kv_heads=1, dim=256, ffn_dim=512)
+    shape = dict(n_heads=16, n_kv_heads=4, dim=2048, ffn_dim=8192) if shape == "wide" else dict(n_heads=2, n_kv_heads=1, dim=256, ffn_dim=512)
+    if shape == "long_head":
+        shape["vocab_size"] = 20000
     write_random_model(path, arch="llama", preset="tiny", tensor_type=ttype, seed=5, **shape)
     model = _core.Model.load(str(path), backend="cuda", prefill_chunk=8, kv_type=kv_type)
     ids = prompt(np.random.default_rng(0), 200)

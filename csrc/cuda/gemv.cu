@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -20,6 +21,7 @@
 #include "gemv.cuh"
 #include "kv_slot.cuh"
 #include "quant_dot.cuh"
+#include "rms_norm.cuh"
 #include "rope.cuh"
 #include "warp.cuh"
 
@@ -112,17 +114,77 @@ constexpr int kRing = 3;                   // chunk buffers per row
 constexpr int kSlots = 2;                  // rows per warp
 constexpr int kMaxChunkBytes = 1536;       // two units per lane where a chunk stays within this
 
-// Variants: kRope (GemvRope: Q, K and V stored rotated and into the cache), kQuantOut (gate·up
+// Activations staged in shared memory for 16-byte loads: per unit, its words 0..3 at xs[u], 4..7 at
+// xs[n_units + u], and (d, sum, sum of the first 16, -) at xs[2 n_units + u].
+__device__ __forceinline__ XUnit staged_x(const int4* xs, int n_units, int u) {
+    const int4 lo = xs[u], hi = xs[n_units + u], m = xs[2 * n_units + u];
+    return XUnit{{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}, m.y, m.z, __int_as_float(m.x)};
+}
+
+// a.xq's int8 units into that layout, by the whole block (then its barrier).
+__device__ __forceinline__ void stage_q8(const GemvArgs& a, int4* xs, int n_units) {
+    for (int u = threadIdx.x; u < n_units; u += blockDim.x) {
+        const XUnit x = load_x(a.xq[u]);
+        xs[u] = make_int4(x.w[0], x.w[1], x.w[2], x.w[3]);
+        xs[n_units + u] = make_int4(x.w[4], x.w[5], x.w[6], x.w[7]);
+        xs[2 * n_units + u] = make_int4(__float_as_int(x.d), x.sum, x.sum_lo, 0);
+    }
+    __syncthreads();
+}
+
+// A folded RMSNorm (GemvArgs::norm): norm(a.norm.x) quantized into that layout by the whole block
+// (then its barrier) from the row held in registers (kPasses float4s a thread: rows of up to
+// 4 · kPasses · blockDim.x values, gemv_folds_norm), by the RmsNorm kernel's arithmetic
+// (rms_norm.cuh): the same bits as its int8 copy. The block's threads are a multiple of 32.
+// g: the norm's weight, load_row'd before the wait for the input (a weight: off the critical path).
+template <int kPasses>
+__device__ __forceinline__ void stage_normed(const GemvArgs& a, const float4 (&g)[kPasses], int4* xs, int n_units) {
+    __shared__ float unit_ss[kRmsNormMaxCols / 32];
+    const int n4 = 8 * n_units;
+    float4 v[kPasses];
+    load_row(reinterpret_cast<const float4*>(a.norm.x), n4, v);
+    const float scale = block_rms_scale(v, n4, a.cols, a.norm.eps, unit_ss);
+    int* words = reinterpret_cast<int*>(xs);
+#pragma unroll
+    for (int k = 0; k < kPasses; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i - threadIdx.x % 32 >= n4) break;  // (the warp's lanes together; a unit's eight all in or all out)
+        float d;
+        const int word = static_cast<int>(quantize4(normed4(v[k], scale, g[k]), d));
+        // the unit's sums of its bytes: the first four words', then all eight
+        int lo = __dp4a(kOnes, word, 0);
+        lo += __shfl_xor_sync(0xFFFFFFFFu, lo, 1);
+        lo += __shfl_xor_sync(0xFFFFFFFFu, lo, 2);
+        const int sum = lo + __shfl_xor_sync(0xFFFFFFFFu, lo, 4);
+        if (i < n4) {
+            const int u = i / 8, j = i % 8;
+            words[4 * (j < 4 ? u : n_units + u) + j % 4] = word;
+            if (j == 0) xs[2 * n_units + u] = make_int4(__float_as_int(d), sum, lo, 0);
+        }
+    }
+    __syncthreads();
+}
+
+// The float4s a thread holds of a folded norm's row, in a block of `warps` warps: rows of up to
+// kMaxFoldCols values.
+constexpr int64_t kMaxFoldCols = 4096;
+constexpr int64_t kFoldBudget = 1 << 20;  // gemv_folds_norm
+constexpr int fold_passes(int warps) { return static_cast<int>(kMaxFoldCols / 4 / (32 * warps)); }
+
+// Variants: kNorm (an RMSNorm folded in: GemvArgs::norm, stage_normed), kRope (GemvRope: Q, K and V stored rotated and into the cache), kQuantOut (gate·up
 // also written as int8 for the down projection, GemvArgs::xq_out: a block of 32 warps holds the
 // 32 rows of a block of values and quantizes them, the quantize kernel's arithmetic; rows of one
 // chunk, so each warp's ring is one buffer).
 struct Bounds1024 {
     static constexpr int kBlockThreads = 1024, kMinBlocks = 1;
 };
+struct Bounds256x3 {  // (a folded norm's registers: still three blocks an SM, as the other variants get unbounded)
+    static constexpr int kBlockThreads = 256, kMinBlocks = 3;
+};
 struct NoBounds {};
 
-template <TensorType T, bool kRope, bool kQuantOut = false>
-struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, NoBounds> {
+template <TensorType T, bool kRope, bool kQuantOut = false, bool kNorm = false>
+struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, std::conditional_t<kNorm, Bounds256x3, NoBounds>> {
     using Args = GemvArgs;
     using D = QuantDot<T>;
     static constexpr int kWarps = kQuantOut ? 32 : kStagedWarps;
@@ -135,13 +197,6 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, NoBounds> {
     static constexpr int kStageBytes = 16 * kPieces;
     static constexpr size_t kWeightSmem = static_cast<size_t>(kWarps) * kBuffers * kSlots * kStageBytes;
     static_assert(kChunkUnits % D::kUnits == 0, "chunks of whole blocks");
-
-    // shared memory after the weights: per unit of activations, its words 0..3, 4..7, and
-    // (d, sum, sum of the first 16, -)
-    static __device__ XUnit staged_x(const int4* xs, int n_units, int u) {
-        const int4 lo = xs[u], hi = xs[n_units + u], m = xs[2 * n_units + u];
-        return XUnit{{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}, m.y, m.z, __int_as_float(m.x)};
-    }
 
     static __device__ void run(const Args& a) { run_block(a, blockIdx.x); }
     // block `block` of the launch (StagedPair: of one of its two halves)
@@ -203,6 +258,8 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, NoBounds> {
                 }
         // RoPE (GemvRope): the warp's two rows are a pair (2i, 2i + 1) of one head, its angle
         // computed now; the cache slot of the step's position
+        float4 g[fold_passes(kWarps)];  // (kNorm: the norm's weight)
+        if constexpr (kNorm) load_row(reinterpret_cast<const float4*>(a.norm.w), n_units * 8, g);
         float cs = 1.0f, sn = 0.0f;
         bool rotate = false;
         uint8_t* slot[kSlots] = {};
@@ -221,13 +278,8 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, NoBounds> {
             for (int s = 0; s < kSlots; ++s)
                 if (out[s]) residual[s] = *out[s];
         int4* xs = reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(smem) + kWeightSmem);
-        for (int u = threadIdx.x; u < n_units; u += blockDim.x) {
-            const XUnit x = load_x(a.xq[u]);
-            xs[u] = make_int4(x.w[0], x.w[1], x.w[2], x.w[3]);
-            xs[n_units + u] = make_int4(x.w[4], x.w[5], x.w[6], x.w[7]);
-            xs[2 * n_units + u] = make_int4(__float_as_int(x.d), x.sum, x.sum_lo, 0);
-        }
-        __syncthreads();
+        if constexpr (kNorm) stage_normed(a, g, xs, n_units);
+        else stage_q8(a, xs, n_units);
 
         float sum[kSlots] = {};
         if (row[0])
@@ -317,13 +369,15 @@ constexpr int kRowsWarps = 8;
 constexpr int kRowsRing = 4;  // row pairs in flight per warp
 constexpr int64_t kRowsMinWaves = 3;  // where GemvStaged's grid is this many waves or more
 
-template <TensorType T>
+template <TensorType T, bool kNorm = false>
 struct GemvRows {
     using Args = GemvArgs;
     using D = QuantDot<T>;
     static constexpr int kBlockThreads = 32 * kRowsWarps, kMinBlocks = 3;
     static __host__ __device__ int slot_bytes(const Args& a) { return static_cast<int>((2 * a.row_bytes + 15 + 16 + 15) / 16 * 16); }
-    static size_t smem(const Args& a) { return static_cast<size_t>(kRowsWarps) * kRowsRing * slot_bytes(a); }
+    static __host__ __device__ size_t ring_bytes(const Args& a) { return static_cast<size_t>(kRowsWarps) * kRowsRing * slot_bytes(a); }
+    // (with a folded norm, the activations staged after the ring)
+    static size_t smem(const Args& a) { return ring_bytes(a) + (kNorm ? static_cast<size_t>(a.cols / 32) * 3 * sizeof(int4) : 0); }
 
     static __device__ void run(const Args& a) {
         extern __shared__ uint4 smem[];
@@ -341,10 +395,18 @@ struct GemvRows {
         int64_t p = static_cast<int64_t>(blockIdx.x) * kRowsWarps + warp;
 #pragma unroll
         for (int s = 0; s < kRowsRing; ++s) issue(p + s * stride, s);
-        wait_inputs();
         const int n_units = static_cast<int>(a.cols / 32);
+        float4 g[fold_passes(kRowsWarps)];  // (kNorm: the norm's weight)
+        if constexpr (kNorm) load_row(reinterpret_cast<const float4*>(a.norm.w), n_units * 8, g);
+        wait_inputs();
         XUnit x{};
-        if (lane < n_units) x = load_x(a.xq[lane]);
+        if constexpr (kNorm) {
+            int4* xs = reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(smem) + ring_bytes(a));
+            stage_normed(a, g, xs, n_units);
+            if (lane < n_units) x = staged_x(xs, n_units, lane);
+        } else if (lane < n_units) {
+            x = load_x(a.xq[lane]);
+        }
         const float* bias = a.part[0].bias;
         float* y = a.part[0].y;
         for (int s = 0; p < pairs; p += stride) {
@@ -388,9 +450,9 @@ bool rows_wanted(const GemvArgs& a) {
            (a.part[0].rows + 2 * kStagedWarps - 1) / (2 * kStagedWarps) >= kRowsMinWaves * 3 * sm_count();
 }
 
-template <TensorType T>
+template <TensorType T, bool kNorm>
 Launch rows_launch(const GemvArgs& a) {
-    using K = GemvRows<T>;
+    using K = GemvRows<T, kNorm>;
     static const bool sized = allow_smem<K>(smem_per_block());
     (void)sized;
     // the blocks an SM holds, asked once per shared-memory size (eager dispatch builds its
@@ -422,10 +484,10 @@ Launch staged(const GemvArgs& a) {
     return make_launch<K>(dim3(static_cast<unsigned>(staged_blocks<K>(a))), dim3(32 * K::kWarps), a, K::smem(a));
 }
 
-template <TensorType T1, TensorType T2, bool kRope>
+template <TensorType T1, TensorType T2, bool kRope, bool kNorm>
 Launch staged_pair(const GemvArgs& a1, const GemvArgs& a2) {
-    using K1 = GemvStaged<T1, kRope>;
-    using K2 = GemvStaged<T2, kRope>;
+    using K1 = GemvStaged<T1, kRope, false, kNorm>;
+    using K2 = GemvStaged<T2, kRope, false, kNorm>;
     using P = StagedPair<K1, K2>;
     static_assert(K1::kWarps == K2::kWarps, "one block size");
     static const bool sized = allow_smem<P>(std::max(K1::kWeightSmem, K2::kWeightSmem) + kMaxStagedCols / 32 * 3 * sizeof(int4));
@@ -447,9 +509,11 @@ Launch launch(const GemvArgs& a) {
     const unsigned row_blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
     if (a.n_tokens == 1) {
         if constexpr (QuantDot<T>::kFast) {
-            if (a.xq_out) return staged<GemvStaged<T, false, true>>(a);
-            if (rows_wanted(a)) return rows_launch<T>(a);
-            return a.rope.pos0 ? staged<GemvStaged<T, true>>(a) : staged<GemvStaged<T, false>>(a);
+            const bool norm = a.norm.x != nullptr;
+            if (a.xq_out) return norm ? staged<GemvStaged<T, false, true, true>>(a) : staged<GemvStaged<T, false, true>>(a);
+            if (rows_wanted(a)) return norm ? rows_launch<T, true>(a) : rows_launch<T, false>(a);
+            if (a.rope.pos0) return norm ? staged<GemvStaged<T, true, false, true>>(a) : staged<GemvStaged<T, true>>(a);
+            return norm ? staged<GemvStaged<T, false, false, true>>(a) : staged<GemvStaged<T, false>>(a);
         }
         else return make_launch<Gemv<T, 1>>(dim3(row_blocks, 1), block, a);
     }
@@ -585,14 +649,40 @@ bool gemv_pairs(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs
 
 Launch gemv_pair(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs& a2) {
     if (!gemv_pairs(t1, a1, t2, a2)) throw std::logic_error("these two GEMVs cannot run as one launch (gemv_pairs)");
-    const bool rope = a1.rope.pos0 != nullptr;
-#define ER_PAIR(A, B)                                                         \
-    if (t1 == TensorType::A && t2 == TensorType::B)                           \
-        return rope ? staged_pair<TensorType::A, TensorType::B, true>(a1, a2) \
-                    : staged_pair<TensorType::A, TensorType::B, false>(a1, a2);
+    if ((a1.norm.x && !gemv_folds_norm(t1, a1)) || (a2.norm.x && !gemv_folds_norm(t2, a2)))
+        throw std::logic_error("this GEMV cannot fold an RMSNorm in (gemv_folds_norm)");
+    if ((a1.norm.x == nullptr) != (a2.norm.x == nullptr)) throw std::logic_error("one launch: both GEMVs fold the norm in or neither");
+    const int variant = (a1.rope.pos0 != nullptr) + 2 * (a1.norm.x != nullptr);
+#define ER_PAIR(A, B)                                                                        \
+    if (t1 == TensorType::A && t2 == TensorType::B) switch (variant) {                       \
+            case 0: return staged_pair<TensorType::A, TensorType::B, false, false>(a1, a2); \
+            case 1: return staged_pair<TensorType::A, TensorType::B, true, false>(a1, a2);  \
+            case 2: return staged_pair<TensorType::A, TensorType::B, false, true>(a1, a2);  \
+            default: return staged_pair<TensorType::A, TensorType::B, true, true>(a1, a2);  \
+        }
     ER_PAIRS(ER_PAIR)
 #undef ER_PAIR
     throw std::logic_error("gemv_pair");
+}
+
+bool gemv_folds_norm(TensorType type, const GemvArgs& a) {
+    // Every block of the launch reads the whole row (4 bytes a value) after its wait, all at
+    // once and from the same lines of L2: fold only where that is at most `budget` bytes in all.
+    // EDGERUNNER_CUDA_FOLD_NORM=0: never, =all: always, =N: N KiB (for measurements).
+    static const int64_t budget = []() -> int64_t {
+        const char* env = std::getenv("EDGERUNNER_CUDA_FOLD_NORM");
+        if (!env) return kFoldBudget;
+        if (std::string(env) == "all") return std::numeric_limits<int64_t>::max();
+        return static_cast<int64_t>(std::atoll(env)) * 1024;
+    }();
+    if (budget <= 0 || !gemv_wants_q8(type) || a.n_tokens != 1 || a.cols % 32 != 0 || a.cols > kMaxFoldCols) return false;
+    const int64_t rows = gemv_rows(a), warps = a.glu != Glu::None ? rows : (rows + kSlots - 1) / kSlots;
+    // the int8-writing kernel's blocks of 32 rows, the short-row kernel's grid of (about) the
+    // blocks the SMs hold (three of eight warps), the staged kernel's blocks of eight warps
+    const int64_t blocks = a.xq_out ? rows / 32
+                           : rows_wanted(a) ? std::min<int64_t>(3 * sm_count(), ((rows + 1) / 2 + kRowsWarps - 1) / kRowsWarps)
+                                            : (warps + kStagedWarps - 1) / kStagedWarps;
+    return budget == std::numeric_limits<int64_t>::max() || blocks * a.cols * 4 <= budget;
 }
 
 bool gemv_ropes(TensorType type, const GemvArgs& a) {
@@ -617,6 +707,7 @@ Launch gemv(TensorType type, const GemvArgs& args) {
     if (args.cols % 32 != 0) throw std::invalid_argument("GEMV columns must be a multiple of 32");
     if (args.rope.pos0 && !gemv_ropes(type, args)) throw std::logic_error("only the one-token GEMV of an int8 format stores RoPE'd Q, K and V");
     if (args.xq_out && !gemv_quantizes_out(type, args)) throw std::logic_error("this GEMV cannot write an int8 copy of its output");
+    if (args.norm.x && !gemv_folds_norm(type, args)) throw std::logic_error("this GEMV cannot fold an RMSNorm in (gemv_folds_norm)");
     if (gemm_takes(type, args.n_tokens)) {
         if (!args.xh || reinterpret_cast<uintptr_t>(args.xh) % 16 != 0 || args.xh_stride % 8 != 0)
             throw std::logic_error("the tensor-core GEMM reads bf16 activations whose rows start on 16-byte boundaries");

@@ -40,6 +40,16 @@ struct GemvRope {
 
 enum class Glu : int32_t { None, SiLU, GELU };
 
+// An RMSNorm folded into the one-token GEMV that reads its output (gemv_folds_norm): each block
+// normalizes the row x itself and quantizes it into shared memory, by the RmsNorm kernel's
+// arithmetic in its order (rms_norm.cuh: the bits of the norm kernel's int8 copy), instead of
+// reading GemvArgs::xq. No norm kernel runs, and no int8 copy goes through memory.
+struct GemvNorm {
+    const float* x = nullptr;  // cols floats (the residual); null: no norm here
+    const float* w = nullptr;  // the norm's weight, cols floats
+    float eps = 0.0f;
+};
+
 // y = W x (+ bias), or y += that (accumulate: the residual), for up to three matrices of one
 // type that read the same input (Q, K, V). With a gate (glu != None) the two parts are the gate
 // and up matrices, and part 0's y receives act(gate · x) · (up · x): no UP rows in memory.
@@ -59,6 +69,7 @@ struct GemvArgs {
     bool accumulate = false;
     GemvRope rope;
     QBlock* xq_out = nullptr;  // gated: also act(gate)·up as int8 blocks (gemv_quantizes_out)
+    GemvNorm norm;             // one token: the input is norm(norm.x), computed here (gemv_folds_norm)
 };
 
 // The rows a GEMV computes: its parts' together, or with a gate the gate's (each joined with its up row).
@@ -91,6 +102,12 @@ bool gemv_ropes(TensorType type, const GemvArgs& args);
 // Whether args.xq_out can be given: one token of an int8 format, gated, rows a multiple of 32
 // and of one chunk of the kernel (up to 1024–2048 columns, by format).
 bool gemv_quantizes_out(TensorType type, const GemvArgs& args);
+// Whether args.norm is worth giving: one token of an int8 format (the staged or short-row
+// kernel), rows of up to 4096 values, and a grid whose blocks together read at most 1 MiB of the
+// row after their wait (each reads all of it, from L2; more cost more than the norm kernel:
+// bench/NOTES.md, fourteenth CUDA session). EDGERUNNER_CUDA_FOLD_NORM=0 says never, =all always,
+// =N with N KiB (for measurements).
+bool gemv_folds_norm(TensorType type, const GemvArgs& args);
 size_t qblock_bytes();
 
 struct QuantizeArgs {

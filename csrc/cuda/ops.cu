@@ -7,6 +7,7 @@
 #include "kv_slot.cuh"
 #include "ops.cuh"
 #include "quant_dot.cuh"
+#include "rms_norm.cuh"
 #include "rope.cuh"
 #include "warp.cuh"
 
@@ -32,43 +33,22 @@ struct Embed {
 
 // One block per row, four consecutive values per thread and pass (float4 loads, all in flight at
 // once, kept in registers: the row is read once; the weight's values loaded before the wait for
-// the input): the sum of squares, a block reduction, then each thread writes its values, and
-// eight threads quantize each 32-value run together.
+// the input): the sum of squares by the block (rms_norm.cuh: the order the GEMVs that fold a norm
+// in share), then each thread writes its values, and eight threads quantize each 32-value run
+// together.
 struct RmsNorm {
     using Args = NormArgs;
-    static constexpr int kPasses = 4;  // float4s per thread at most: rows of up to 16384 values
+    static constexpr int kPasses = kRmsNormMaxCols / 4 / 1024;  // float4s per thread at most
     static constexpr int kBlockThreads = 1024, kMinBlocks = 1;  // (launch bounds: 64 registers)
     static __device__ void run(const Args& a) {
         allow_next();
         const int n4 = static_cast<int>(a.n / 4);
-        const float4* w = reinterpret_cast<const float4*>(a.w);
-        float4 g[kPasses];
-#pragma unroll
-        for (int k = 0; k < kPasses; ++k) {
-            const int i = threadIdx.x + k * blockDim.x;
-            g[k] = i < n4 ? w[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
+        float4 g[kPasses], v[kPasses];
+        load_row(reinterpret_cast<const float4*>(a.w), n4, g);
         wait_inputs();
-        __shared__ float partial[32];
-        const float4* x = reinterpret_cast<const float4*>(a.in + blockIdx.x * a.n);
-        float4 v[kPasses];
-        float ss = 0.0f;
-#pragma unroll
-        for (int k = 0; k < kPasses; ++k) {
-            const int i = threadIdx.x + k * blockDim.x;
-            v[k] = i < n4 ? x[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-        }
-        ss = warp_sum(ss);
-        if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
-        __syncthreads();
-        if (threadIdx.x < 32) {
-            float t = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
-            t = warp_sum(t);
-            if (threadIdx.x == 0) partial[0] = t;
-        }
-        __syncthreads();
-        const float scale = 1.0f / sqrtf(partial[0] / static_cast<float>(a.n) + a.eps);
+        __shared__ float unit_ss[kRmsNormMaxCols / 32];
+        load_row(reinterpret_cast<const float4*>(a.in + blockIdx.x * a.n), n4, v);
+        const float scale = block_rms_scale(v, n4, a.n, a.eps, unit_ss);
         float4* y = reinterpret_cast<float4*>(a.out + blockIdx.x * a.n);
 #pragma unroll
         for (int k = 0; k < kPasses; ++k) {
@@ -76,7 +56,7 @@ struct RmsNorm {
             if (k * blockDim.x >= n4) break;  // (uniform)
             float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (i < n4) {  // (in == out: the whole row was read above)
-                o = make_float4(v[k].x * scale * g[k].x, v[k].y * scale * g[k].y, v[k].z * scale * g[k].z, v[k].w * scale * g[k].w);
+                o = normed4(v[k], scale, g[k]);
                 if (a.accumulate) {
                     const float4 r = y[i];
                     o.x += r.x, o.y += r.y, o.z += r.z, o.w += r.w;
@@ -84,14 +64,11 @@ struct RmsNorm {
                 y[i] = o;
             }
             if (a.q) {  // run i / 8 (rows a multiple of 32 wide: the eight threads are all in or all out)
-                float m = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
-#pragma unroll
-                for (int offset = 4; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
+                float d;
+                const uint32_t word = quantize4(o, d);
                 if (i < n4) {
-                    const float d = m / 127.0f;
                     QBlock& out = a.q[blockIdx.x * a.q_stride + i / 8];
-                    *reinterpret_cast<uint32_t*>(out.q + 4 * (i % 8)) =
-                        quantize_value(o.x, d) | quantize_value(o.y, d) << 8 | quantize_value(o.z, d) << 16 | quantize_value(o.w, d) << 24;
+                    *reinterpret_cast<uint32_t*>(out.q + 4 * (i % 8)) = word;
                     if (i % 8 == 0) out.d = d;
                 }
             }
@@ -188,8 +165,8 @@ Launch embed(TensorType type, const EmbedArgs& a) {
 
 Launch rms_norm(const NormArgs& a) {
     if (a.q && a.n % 32 != 0) throw std::invalid_argument("quantized RMSNorm rows must be a multiple of 32 wide");
-    if (a.n % 4 != 0 || a.n > 4 * 1024 * RmsNorm::kPasses)
-        throw std::invalid_argument("the CUDA RMSNorm takes rows of a multiple of 4 values, up to " + std::to_string(4 * 1024 * RmsNorm::kPasses) +
+    if (a.n % 4 != 0 || a.n > kRmsNormMaxCols)
+        throw std::invalid_argument("the CUDA RMSNorm takes rows of a multiple of 4 values, up to " + std::to_string(kRmsNormMaxCols) +
                                     " (got " + std::to_string(a.n) + ")");
     const unsigned threads = static_cast<unsigned>(std::min<int64_t>(1024, std::max<int64_t>(32, (a.n / 4 + 31) / 32 * 32)));
     return make_launch<RmsNorm>(dim3(static_cast<unsigned>(a.rows)), dim3(threads), a);

@@ -200,6 +200,9 @@ struct Step {
     int32_t rope_step = -1;     // Gemv: the index of that RopeKv step, whose work it does
     bool q8_for_next = false;   // gated Gemv: writes the int8 copy the next GEMV reads (quantizes_for_next)
     bool pair_next = false;     // Gemv: one launch with the next step's GEMV (pairs_with_next, gemv_pairs)
+    int32_t readers[3] = {};    // Norm: the GEMV steps that read its output (all of int8 formats) ...
+    int32_t n_readers = 0;      // ... and how many: none where the norm cannot be folded into them
+    int32_t norm_step = -1;     // Gemv: the Norm step whose output it reads, where that may fold in (norm_folds)
 };
 
 class Runner final : public StepRunner {
@@ -383,6 +386,15 @@ private:
     bool quantizes_for_next(size_t k) const;
     // Whether Gemv step k and the one after it run as one launch in one-token steps.
     bool pairs_with_next(size_t k) const;
+    // The GEMV steps that read Norm step k's output, where every one of them (and nothing else)
+    // does, as int8: Step::readers.
+    void find_readers(size_t k);
+    // Whether, in a one-token step, Norm step k is folded into the GEMVs that read it (each
+    // normalizes its input itself, gemv_folds_norm: no norm kernel runs), and what they are given.
+    bool norm_folds(size_t k, StepBlock* b) const;
+    GemvNorm folded_norm(size_t k) const {
+        return GemvNorm{row(steps_[k].op.in, 0), reinterpret_cast<const float*>((*w_)(steps_[k].op.weight)), c_.norm_eps};
+    }
     GemvArgs gemv_args(size_t k, int64_t n, int64_t first, StepBlock* b) const;
     // The fewest keys a token of this step sees in attention op `op`, where the step's launches
     // run once (several tokens: never recorded, never tabled); 0 for one-token steps.
@@ -574,6 +586,46 @@ void Runner::fuse() {
         steps_[k].q8_for_next = quantizes_for_next(k);
     }
     for (size_t k = 0; k < steps_.size(); ++k) steps_[k].pair_next = pairs_with_next(k);
+    for (size_t k = 0; k < steps_.size(); ++k)
+        if (steps_[k].kind == Step::Norm) find_readers(k);
+}
+
+void Runner::find_readers(size_t k) {
+    Step& s = steps_[k];
+    if (s.op.accumulate || !s.q_out) return;  // (a norm into the residual; a norm no GEMV reads as int8)
+    const Buf out = s.op.out;
+    int32_t readers[3], n = 0;
+    for (size_t j = k + 1; j < steps_.size(); ++j) {
+        const Step& t = steps_[j];
+        if (t.kind == Step::Gemv && t.op.in == out) {
+            if (!gemv_wants_q8(t.op.weight->type) || n == 3) return;
+            readers[n++] = static_cast<int32_t>(j);
+            continue;
+        }
+        // anything else that reads it (or may: the RoPE step's Q, K and V, the gate's UP) ...
+        if (t.op.in == out || (t.kind == Step::Glu && out == Buf::UP) ||
+            (t.kind == Step::RopeKv && (out == Buf::Q || out == Buf::K || out == Buf::V)))
+            return;
+        // ... before the buffer is written again
+        bool writes = t.op.out == out;
+        for (int p = 0; p < t.n_parts; ++p) writes |= t.parts[p]->out == out;
+        if (writes) break;
+    }
+    for (int i = 0; i < n; ++i) {
+        s.readers[i] = readers[i];
+        steps_[static_cast<size_t>(readers[i])].norm_step = static_cast<int32_t>(k);
+    }
+    s.n_readers = n;
+}
+
+bool Runner::norm_folds(size_t k, StepBlock* b) const {
+    const Step& s = steps_[k];
+    if (s.n_readers == 0) return false;
+    for (int i = 0; i < s.n_readers; ++i) {
+        const size_t j = static_cast<size_t>(s.readers[i]);
+        if (steps_[j].op.weight->cols != width(s.op.in) || !gemv_folds_norm(steps_[j].op.weight->type, gemv_args(j, 1, 0, b))) return false;
+    }
+    return true;
 }
 
 // Two GEMV steps in a row on the same input in two formats (Q·K, then a V of another type): one
@@ -680,6 +732,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                                                                     row(Buf::X, 0), op.scale}));
                 break;
             case Step::Norm: {
+                if (n == 1 && norm_folds(k, b)) break;  // the GEMVs that read it normalize their input themselves
                 const bool q_out = s.q_out && !takes_gemm(k + 1, n - first);
                 push(Part::Norm, rms_norm(NormArgs{row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first),
                                                    n - first, width(op.in), c_.norm_eps, op.accumulate, q_out ? qrow(first) : nullptr,
@@ -699,11 +752,13 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 } else if (s.quantize && !from_glu) {
                     push(Part::Quantize, quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
                 }
-                const GemvArgs a = gemv_args(k, n, first, b);
+                GemvArgs a = gemv_args(k, n, first, b);
+                if (n == 1 && s.norm_step >= 0 && norm_folds(static_cast<size_t>(s.norm_step), b)) a.norm = folded_norm(static_cast<size_t>(s.norm_step));
                 const Part part = op.tail ? Part::Head : s.glu != cuda::Glu::None ? Part::GateUp : !op.accumulate ? Part::Qkv
                                 : op.in == Buf::ATT ? Part::Out : Part::Down;
                 if (n == 1 && s.pair_next) {  // with the next step's GEMV as one launch
-                    const GemvArgs a2 = gemv_args(k + 1, n, first, b);
+                    GemvArgs a2 = gemv_args(k + 1, n, first, b);
+                    if (a.norm.x) a2.norm = a.norm;  // (both read the norm's output)
                     if (gemv_pairs(w.type, a, steps_[k + 1].op.weight->type, a2)) {
                         push(part, gemv_pair(w.type, a, steps_[k + 1].op.weight->type, a2));
                         ++k;
