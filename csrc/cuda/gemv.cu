@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -171,14 +171,15 @@ constexpr int64_t kMaxFoldCols = 4096;
 constexpr int64_t kFoldBudget = 1 << 20;  // gemv_folds_norm
 constexpr int fold_passes(int warps) { return static_cast<int>(kMaxFoldCols / 4 / (32 * warps)); }
 
-// Variants: kNorm (an RMSNorm folded in: GemvArgs::norm, stage_normed), kRope (GemvRope: Q, K and V stored rotated and into the cache), kQuantOut (gate·up
+// Variants: kRope (GemvRope: Q, K and V stored rotated and into the cache), kQuantOut (gate·up
 // also written as int8 for the down projection, GemvArgs::xq_out: a block of 32 warps holds the
 // 32 rows of a block of values and quantizes them, the quantize kernel's arithmetic; rows of one
-// chunk, so each warp's ring is one buffer).
+// chunk, so each warp's ring is one buffer), kNorm (an RMSNorm folded in: GemvArgs::norm,
+// stage_normed; a variant of its own, so that the others keep their registers).
 struct Bounds1024 {
     static constexpr int kBlockThreads = 1024, kMinBlocks = 1;
 };
-struct Bounds256x3 {  // (a folded norm's registers: still three blocks an SM, as the other variants get unbounded)
+struct Bounds256x3 {  // (kNorm's registers: still three blocks an SM, as the others get unbounded)
     static constexpr int kBlockThreads = 256, kMinBlocks = 3;
 };
 struct NoBounds {};
@@ -256,10 +257,10 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, std::conditional_t
                     if (const float* b = field(a, part[s], &GemvPart::bias)) bias[s] = b[r[s]];
                     out[s] = field(a, part[s], &GemvPart::y) + r[s];
                 }
+        float4 g[fold_passes(kWarps)];  // (kNorm: the norm's weight, before the wait)
+        if constexpr (kNorm) load_row(reinterpret_cast<const float4*>(a.norm.w), n_units * 8, g);
         // RoPE (GemvRope): the warp's two rows are a pair (2i, 2i + 1) of one head, its angle
         // computed now; the cache slot of the step's position
-        float4 g[fold_passes(kWarps)];  // (kNorm: the norm's weight)
-        if constexpr (kNorm) load_row(reinterpret_cast<const float4*>(a.norm.w), n_units * 8, g);
         float cs = 1.0f, sn = 0.0f;
         bool rotate = false;
         uint8_t* slot[kSlots] = {};
