@@ -59,10 +59,10 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
     from edgerunner.model_builder import write_random_model
 
     path = tmp_path / "m.gguf"
-    shape = dict(n_heads=16, n_kv_heads=4, dim=2048, ffn_dim=8192) if shape == "wide" else dict(n_heads=2, n_kv_heads=1, dim=256, ffn_dim=512)
+    dims = dict(n_heads=16, n_kv_heads=4, dim=2048, ffn_dim=8192) if shape == "wide" else dict(n_heads=2, n_kv_heads=1, dim=256, ffn_dim=512)
     if shape == "long_head":
-        shape["vocab_size"] = 20000
-    write_random_model(path, arch="llama", preset="tiny", tensor_type=ttype, seed=5, **shape)
+        dims["vocab_size"] = 20000
+    write_random_model(path, arch="llama", preset="tiny", tensor_type=ttype, seed=5, **dims)
     model = _core.Model.load(str(path), backend="cuda", prefill_chunk=8, kv_type=kv_type)
     ids = prompt(np.random.default_rng(0), 200)
     full = _core.Session(model).eval_all(ids)
