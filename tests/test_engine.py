@@ -13,7 +13,7 @@ from edgerunner.model_builder import write_random_model
 from reference_forward import ReferenceModel
 
 # (arch, tensor type, overrides): GQA ratios 4:2, 4:1, 4:4; tied and untied heads; biases
-# (qwen2); per-head Q/K norm and explicit head size (qwen3); RoPE scaling (linear, llama3,
+# (qwen2); per-head Q/K norm and explicit head size (qwen3, also one of 80); RoPE scaling (linear, llama3,
 # phi3's LongRoPE: n_ctx 256 > the original 64, so the long factors and the attention factor).
 K = dict(dim=256, ffn_dim=512)  # rows of 256 so that k-quants are used as asked
 CASES = [
@@ -44,6 +44,7 @@ CASES = [
     ("qwen3", "Q4_K", dict(K, tied=False)),
     ("phi3", "F32", {}),
     ("phi3", "Q8_0", dict(context_length=256, rope_scaling=dict(type="longrope", original_context_length=64))),
+    ("qwen3", "F32", dict(head_dim=80)),  # per-head norms over rows of 80: not whole 32-value units
 ]
 IDS = [f"{a}-{t}-{'-'.join(f'{k}={v}' for k, v in o.items() if k not in K) or 'base'}" for a, t, o in CASES]
 

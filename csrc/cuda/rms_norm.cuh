@@ -33,8 +33,9 @@ __device__ __forceinline__ void load_row(const float4* x, int n4, float4 (&v)[kP
     }
 }
 
-// 1 / rms of the row held in v (load_row), by the whole block; unit_ss: n4 / 8 floats of shared
-// memory. Every thread gets the same bits.
+// 1 / rms of the row held in v (load_row), by the whole block; unit_ss: (n4 + 7) / 8 floats of
+// shared memory (a row of n % 32 != 0, as a head norm's may be, ends in a part unit: its lanes
+// past the row hold zeros). Every thread gets the same bits.
 template <int kPasses>
 __device__ __forceinline__ float block_rms_scale(const float4 (&v)[kPasses], int n4, int64_t n, float eps, float* unit_ss) {
     const int lane = threadIdx.x % 32;
@@ -49,7 +50,7 @@ __device__ __forceinline__ float block_rms_scale(const float4 (&v)[kPasses], int
     }
     __syncthreads();
     float total = 0.0f;
-    for (int u = lane; u < n4 / 8; u += 32) total += unit_ss[u];
+    for (int u = lane; u < (n4 + 7) / 8; u += 32) total += unit_ss[u];
     total = warp_sum(total);
     return 1.0f / sqrtf(total / static_cast<float>(n) + eps);
 }
