@@ -470,19 +470,19 @@ Launch rows_launch(const GemvArgs& a) {
     return make_launch<K>(dim3(static_cast<unsigned>(blocks)), dim3(K::kBlockThreads), a, K::smem(a));
 }
 
-template <class K>
-int64_t staged_blocks(const GemvArgs& a) {
+// The staged kernel's blocks of `block_warps` warps (a warp: a gate/up row pair, or two rows).
+int64_t staged_blocks(const GemvArgs& a, int block_warps) {
     if (a.cols > kMaxStagedCols)
         throw std::invalid_argument("the CUDA GEMV takes rows of up to " + std::to_string(kMaxStagedCols) + " columns");
     const int64_t rows = gemv_rows(a), warps = a.glu != Glu::None ? rows : (rows + kSlots - 1) / kSlots;
-    return (warps + K::kWarps - 1) / K::kWarps;
+    return (warps + block_warps - 1) / block_warps;
 }
 
 template <class K>
 Launch staged(const GemvArgs& a) {
     static const bool sized = allow_smem<K>(K::kWeightSmem + kMaxStagedCols / 32 * 3 * sizeof(int4));
     (void)sized;
-    return make_launch<K>(dim3(static_cast<unsigned>(staged_blocks<K>(a))), dim3(32 * K::kWarps), a, K::smem(a));
+    return make_launch<K>(dim3(static_cast<unsigned>(staged_blocks(a, K::kWarps))), dim3(32 * K::kWarps), a, K::smem(a));
 }
 
 template <TensorType T1, TensorType T2, bool kRope, bool kNorm>
@@ -493,7 +493,7 @@ Launch staged_pair(const GemvArgs& a1, const GemvArgs& a2) {
     static_assert(K1::kWarps == K2::kWarps, "one block size");
     static const bool sized = allow_smem<P>(std::max(K1::kWeightSmem, K2::kWeightSmem) + kMaxStagedCols / 32 * 3 * sizeof(int4));
     (void)sized;
-    const int64_t b1 = staged_blocks<K1>(a1), b2 = staged_blocks<K2>(a2);
+    const int64_t b1 = staged_blocks(a1, K1::kWarps), b2 = staged_blocks(a2, K2::kWarps);
     return make_launch<P>(dim3(static_cast<unsigned>(b1 + b2)), dim3(32 * K1::kWarps), typename P::Args{a1, a2, b1},
                           std::max(K1::smem(a1), K2::smem(a2)));
 }
@@ -677,12 +677,10 @@ bool gemv_folds_norm(TensorType type, const GemvArgs& a) {
         return static_cast<int64_t>(std::atoll(env)) * 1024;
     }();
     if (budget <= 0 || !gemv_wants_q8(type) || a.n_tokens != 1 || a.cols % 32 != 0 || a.cols > kMaxFoldCols) return false;
-    const int64_t rows = gemv_rows(a), warps = a.glu != Glu::None ? rows : (rows + kSlots - 1) / kSlots;
-    // the int8-writing kernel's blocks of 32 rows, the short-row kernel's grid of (about) the
-    // blocks the SMs hold (three of eight warps), the staged kernel's blocks of eight warps
-    const int64_t blocks = a.xq_out ? rows / 32
-                           : rows_wanted(a) ? std::min<int64_t>(3 * sm_count(), ((rows + 1) / 2 + kRowsWarps - 1) / kRowsWarps)
-                                            : (warps + kStagedWarps - 1) / kStagedWarps;
+    // the short-row kernel's grid of (about) the blocks the SMs hold (three of eight warps), the
+    // staged kernel's blocks (of 32 warps where it writes the int8 copy)
+    const int64_t blocks = rows_wanted(a) ? std::min<int64_t>(3 * sm_count(), ((a.part[0].rows + 1) / 2 + kRowsWarps - 1) / kRowsWarps)
+                                          : staged_blocks(a, a.xq_out ? 32 : kStagedWarps);
     return budget == std::numeric_limits<int64_t>::max() || blocks * a.cols * 4 <= budget;
 }
 

@@ -202,6 +202,7 @@ struct Step {
     bool pair_next = false;     // Gemv: one launch with the next step's GEMV (pairs_with_next, gemv_pairs)
     int32_t readers[3] = {};    // Norm: the GEMV steps that read its output (all of int8 formats) ...
     int32_t n_readers = 0;      // ... and how many: none where the norm cannot be folded into them
+    bool folded = false;        // Norm: folded into those GEMVs in one-token steps (norm_folds, decided at load)
     int32_t norm_step = -1;     // Gemv: the Norm step whose output it reads, where that may fold in (norm_folds)
 };
 
@@ -246,6 +247,9 @@ public:
         }
         logits_ = pinned_alloc<float>(static_cast<size_t>(c_.n_vocab) * sizeof(float));
         launches_.reserve(steps_.size() * 2 + 1);
+        // (once the buffers' widths and the step block exist: one-token steps have one shape)
+        for (size_t k = 0; k < steps_.size(); ++k)
+            steps_[k].folded = norm_folds(k, reinterpret_cast<StepBlock*>(block_.get()));
     }
     ~Runner() override {
         for (cudaGraphExec_t g : graph_)
@@ -390,7 +394,8 @@ private:
     // does, as int8: Step::readers.
     void find_readers(size_t k);
     // Whether, in a one-token step, Norm step k is folded into the GEMVs that read it (each
-    // normalizes its input itself, gemv_folds_norm: no norm kernel runs), and what they are given.
+    // normalizes its input itself, gemv_folds_norm: no norm kernel runs; Step::folded, asked at
+    // load), and what they are given.
     bool norm_folds(size_t k, StepBlock* b) const;
     GemvNorm folded_norm(size_t k) const {
         return GemvNorm{row(steps_[k].op.in, 0), reinterpret_cast<const float*>((*w_)(steps_[k].op.weight)), c_.norm_eps};
@@ -732,7 +737,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                                                                     row(Buf::X, 0), op.scale}));
                 break;
             case Step::Norm: {
-                if (n == 1 && norm_folds(k, b)) break;  // the GEMVs that read it normalize their input themselves
+                if (n == 1 && s.folded) break;  // the GEMVs that read it normalize their input themselves
                 const bool q_out = s.q_out && !takes_gemm(k + 1, n - first);
                 push(Part::Norm, rms_norm(NormArgs{row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first),
                                                    n - first, width(op.in), c_.norm_eps, op.accumulate, q_out ? qrow(first) : nullptr,
@@ -753,7 +758,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                     push(Part::Quantize, quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
                 }
                 GemvArgs a = gemv_args(k, n, first, b);
-                if (n == 1 && s.norm_step >= 0 && norm_folds(static_cast<size_t>(s.norm_step), b)) a.norm = folded_norm(static_cast<size_t>(s.norm_step));
+                if (n == 1 && s.norm_step >= 0 && steps_[static_cast<size_t>(s.norm_step)].folded) a.norm = folded_norm(static_cast<size_t>(s.norm_step));
                 const Part part = op.tail ? Part::Head : s.glu != cuda::Glu::None ? Part::GateUp : !op.accumulate ? Part::Qkv
                                 : op.in == Buf::ATT ? Part::Out : Part::Down;
                 if (n == 1 && s.pair_next) {  // with the next step's GEMV as one launch
