@@ -132,7 +132,7 @@ case "${1:-}" in
     # costs a token with everything else in place
     shift
     for f in "$@"; do
-      for part in none embed norm qkv attention out gate_up down head sample; do
+      for part in none embed norm quantize qkv attention out gate_up down head sample; do
         skip=$part; [ "$part" = none ] && skip=
         printf '%s %-10s ' "$f" "$part"
         EDGERUNNER_CUDA_SKIP=$skip timeout 120 python3 -m bench /tmp/m/$f.gguf --backend cuda --dispatch recorded --pp 16 --tg 128 --reps ${REPS:-3} |
