@@ -30,16 +30,17 @@ def test_cuda_logits_close_to_float64_reference(tiny_models, case):
     assert err <= FAST_TOLERANCE * scale, f"{case} seed {seed}: max |Δ| {err:.3g} vs |logit| max {scale:.3g}"
 
 
-# Q4_K + Q6_K super-blocks; Q4_0's 2-byte aligned blocks; Q8_0's 34-byte ones; an f32 cache; a
-# wide model and one with a long LM head (below)
+# Q4_K + Q6_K super-blocks; Q4_0's 2-byte aligned blocks; Q8_0's 34-byte ones; an f32 cache; wide
+# models, one with an odd shape, and one with a long LM head (below)
 @pytest.mark.parametrize("ttype,kv_type,shape", [("Q4_K_M", "f16", "small"), ("Q4_0", "f16", "small"), ("Q8_0", "f16", "small"),
-                                                 ("Q4_0", "f32", "small"), ("Q4_0", "f16", "wide"), ("Q8_0", "f16", "long_head")])
+                                                 ("Q4_0", "f32", "small"), ("Q4_0", "f16", "wide"), ("Q4_K_M", "f16", "wide"),
+                                                 ("Q4_0", "f16", "odd"), ("Q8_0", "f16", "long_head")])
 def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
     """reset, extend, decode and rewinds give the logits of one full prefill exactly: in steps
     of up to 15 tokens (chunks of 8 here) each token's kernels do the same arithmetic whatever
     the step size, including which decode attention takes it (the short path's one block per
     query head up to 160 keys at these heads of 128 in f16, 64 in f32, then runs of 32+ keys
-    split over blocks),
+    split over blocks; the odd model's heads of 64 stay on the short path, up to 256 keys),
     whether RoPE and the KV write are a kernel of their own (steps of several tokens) or
     done by the GEMVs of Q, K and V as they store them (one token, llama's adjacent pairs), and
     whether gate·up's int8 copy comes from the quantize kernel or from its own GEMV (one token),
@@ -48,18 +49,21 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
     writes the int8 copy (steps of several tokens) or folded into the one-token GEMVs that read
     it, each block normalizing the row itself with another block size (GemvArgs::norm: Q·K·V,
     gate·up and the LM head of the small models, whose 20000 short rows in the long-head model
-    take the short-row kernel, GemvRows; only the LM head in the wide model, whose other grids
-    would read more than the fold's budget). The wide model (rows of 2048 values, heads of 128, 8192 gate·up rows: more blocks of 32
-    than a GPU has SMs, so its one-token steps quantize the down projection's input with the
-    quantize kernel too) streams whole chunks of its rows through the GEMVs' rings (the down
-    projection four a row) and takes the norm kernel's 512 threads (the folded norm's blocks
-    have 256).
+    take the short-row kernel, GemvRows; only the LM head in the wide and odd models, whose
+    other grids would read more than the fold's budget). The wide models (rows of 2048 values,
+    heads of 128, 8192 gate·up rows: more blocks of 32 than a GPU has SMs, so their one-token
+    steps quantize the down projection's input with the quantize kernel too) stream whole
+    chunks of their rows through the GEMVs' rings (the down projection four a row) and take the
+    norm kernel's 512 threads (the folded norm's blocks have 256); Q4_K_M's Q6_K layer runs its
+    Q·K + V pair there. The odd model's rows of 66 units end in a chunk of two, and its 33 query
+    heads on 3 KV heads make sets of 4, 4 and 3 per group in the decode attention.
     (From 16 tokens on, prefill takes the tensor-core GEMM, on bf16 weights and activations,
     and the tiled attention: other arithmetic, checked against float64 and the CPU backend.)"""
     from edgerunner.model_builder import write_random_model
 
     path = tmp_path / "m.gguf"
-    dims = dict(n_heads=16, n_kv_heads=4, dim=2048, ffn_dim=8192) if shape == "wide" else dict(n_heads=2, n_kv_heads=1, dim=256, ffn_dim=512)
+    dims = {"wide": dict(n_heads=16, n_kv_heads=4, dim=2048, ffn_dim=8192),
+            "odd": dict(n_heads=33, n_kv_heads=3, dim=2112, ffn_dim=5664)}.get(shape, dict(n_heads=2, n_kv_heads=1, dim=256, ffn_dim=512))
     if shape == "long_head":
         dims["vocab_size"] = 20000
     write_random_model(path, arch="llama", preset="tiny", tensor_type=ttype, seed=5, **dims)
