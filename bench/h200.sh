@@ -5,6 +5,9 @@
 #                                         two cores, 19 MB; $PY312: a Python 3.12 with scikit-build-core,
 #                                         nanobind, cmake and ninja); carry .dev-site and `setup` installs it
 #                                         instead of building there (~150 s of device time saved a machine)
+#   bench/h200.sh prebuild-trace          (here) the same with the kernels' timeline compiled in
+#                                         (EDGERUNNER_CUDA_TRACE=ON, csrc/cuda/trace.cuh) into .dev-site-trace;
+#                                         carry it too and `setup` installs it into /tmp/site-trace
 #   bench/h200.sh setup                   build the package with the CUDA backend (sm_90a only) into /tmp/site
 #   bench/h200.sh test                    the CUDA tests (backend ops, whole models, dispatch modes)
 #   bench/h200.sh models NAME...          random-weight GGUFs of real shapes into /tmp/m (NAME = PRESET-TYPE,
@@ -25,6 +28,9 @@
 #                                         file in /tmp/m (ROUNDS=2: twice over): the A/B runs of bench/NOTES.md
 #   bench/h200.sh knob VAR V1,V2 [args]   recorded runs of every file in /tmp/m with the environment knob VAR at each
 #                                         value in turn (ROUNDS=2: twice over): A/B runs within one build
+#   bench/h200.sh trace NAME...           the block timeline of 16 recorded decode steps of /tmp/m/NAME.gguf
+#                                         (bench/trace_step.py, with /tmp/site-trace), per kernel and, for the
+#                                         first 40 launches of a step, launch by launch (bench/trace_summary.py)
 #   bench/h200.sh parts NAME...           recorded tg128 of /tmp/m/NAME.gguf with each part of the step left out in
 #                                         turn (EDGERUNNER_CUDA_SKIP=norm, attention, ...): what a part costs a token
 #                                         in the running graph, where ncu's serialised kernels cannot tell
@@ -48,8 +54,14 @@ case "${1:-}" in
     rm -rf .dev-site
     CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "${PY312:-python3.12}" -m pip install --no-build-isolation --no-deps -q \
       -C cmake.define.EDGERUNNER_CUDA=ON -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -C build-dir=/tmp/b312 --target .dev-site . ;;
+  prebuild-trace)
+    rm -rf .dev-site-trace
+    CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "${PY312:-python3.12}" -m pip install --no-build-isolation --no-deps -q \
+      -C cmake.define.EDGERUNNER_CUDA=ON -C cmake.define.EDGERUNNER_CUDA_TRACE=ON -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real \
+      -C build-dir=/tmp/b312t --target .dev-site-trace . ;;
   setup)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    if [ -d .dev-site-trace/edgerunner ]; then mkdir -p /tmp/site-trace && cp -r .dev-site-trace/. /tmp/site-trace/; fi
     if [ -d .dev-site/edgerunner ]; then cp -r .dev-site/. /tmp/site/; exit; fi
     CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -q \
       -C cmake.define.EDGERUNNER_CUDA=ON -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -C build-dir=/tmp/b . ;;
@@ -126,6 +138,15 @@ case "${1:-}" in
         echo "== $var=$v"
         env "$var=$v" timeout 250 python3 -m bench /tmp/m/*.gguf --backend cuda --dispatch recorded --reps 3 "$@" | grep -E "gguf"
       done
+    done ;;
+  trace)
+    shift
+    for name in "$@"; do
+      PYTHONPATH=/tmp/site-trace:/tmp/site python3 bench/trace_step.py /tmp/m/$name.gguf /tmp/trace-$name.csv || exit 1
+      echo "== $name: per kernel"
+      python3 bench/trace_summary.py /tmp/trace-$name.csv ${OUT:+--save $OUT/trace-$name.csv.gz}
+      echo "== $name: launch by launch"
+      python3 bench/trace_summary.py /tmp/trace-$name.csv --all | head -42
     done ;;
   parts)
     # recorded tg128 with each part left out of every step (EDGERUNNER_CUDA_SKIP): what the part

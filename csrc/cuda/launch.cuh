@@ -30,12 +30,15 @@
 #include <cstring>
 #include <type_traits>
 
+#include "trace.cuh"
+
 namespace edgerunner::cuda {
 
 __device__ __forceinline__ void wait_inputs() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+    trace_waited();
 }
 
 __device__ __forceinline__ void allow_next() {
@@ -53,12 +56,16 @@ __device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes, int lan
 
 template <class K>
 __global__ void by_value(const typename K::Args a) {
+    trace_begin(trace_slot<K>);
     K::run(a);
+    trace_end(trace_slot<K>);
 }
 
 template <class K>
 __global__ void by_table(const typename K::Args* __restrict__ a) {
+    trace_begin(trace_slot<K>);
     K::run(*a);
+    trace_end(trace_slot<K>);
 }
 
 // A kernel that declares `kBlockThreads` and `kMinBlocks` gets entry points with launch bounds:
@@ -70,12 +77,16 @@ constexpr bool kBounded<K, std::void_t<decltype(K::kMinBlocks)>> = true;
 
 template <class K>
 __global__ void __launch_bounds__(K::kBlockThreads, K::kMinBlocks) by_value_bounded(const typename K::Args a) {
+    trace_begin(trace_slot<K>);
     K::run(a);
+    trace_end(trace_slot<K>);
 }
 
 template <class K>
 __global__ void __launch_bounds__(K::kBlockThreads, K::kMinBlocks) by_table_bounded(const typename K::Args* __restrict__ a) {
+    trace_begin(trace_slot<K>);
     K::run(*a);
+    trace_end(trace_slot<K>);
 }
 
 // Kernel K's two entry points (arguments by value, or from a device table).
@@ -105,10 +116,26 @@ struct Launch {
     alignas(16) unsigned char args[kMaxArgs];
 };
 
+// (its name, for the trace)
+template <class K>
+const char* kernel_name() {
+    return __PRETTY_FUNCTION__;
+}
+
 template <class K>
 Launch make_launch(dim3 grid, dim3 block, const typename K::Args& a, size_t smem = 0) {
     using A = typename K::Args;
     static_assert(sizeof(A) <= Launch::kMaxArgs && alignof(A) <= 16 && std::is_trivially_copyable_v<A>, "kernel arguments");
+#ifdef ER_CUDA_TRACE
+    static const bool traced = [] {  // (EDGERUNNER_CUDA_TRACE: K's blocks write to the trace buffer)
+        const TraceSlot* buffer = trace_buffer();
+        if (!buffer) return false;
+        TraceSlot slot = *buffer;
+        slot.kernel = trace_kernel(kernel_name<K>());
+        return cudaMemcpyToSymbol(trace_slot<K>, &slot, sizeof slot) == cudaSuccess;
+    }();
+    (void)traced;
+#endif
     Launch l;
     l.by_value = value_entry<K>();
     l.by_table = table_entry<K>();

@@ -252,6 +252,10 @@ public:
             steps_[k].folded = norm_folds(k, reinterpret_cast<StepBlock*>(block_.get()));
     }
     ~Runner() override {
+        try {
+            trace_flush();  // (EDGERUNNER_CUDA_TRACE: the kernels' timeline so far, trace.cuh)
+        } catch (const std::exception&) {
+        }
         for (cudaGraphExec_t g : graph_)
             if (g) cudaGraphExecDestroy(g);
         for (cudaGraphExec_t g : chain_graph_)

@@ -1,0 +1,118 @@
+"""Read a kernel timeline (bench/trace_step.py) and show where a decode step's time goes: per
+kernel launch of the last steps (a step ends with the sampler), averaged over those steps,
+
+  start   its first block's start, after the previous launch's last block ended (negative: it
+          started while that one still ran: programmatic dependent launch)
+  spread  from its first block's start to its last's
+  release its blocks' waits returned this long after the previous launch ended (the dependency)
+  after   from the last wait's return to its last block's end (the work that had to wait)
+  adds    what it adds to the step: its last end after the previous launch's last end
+
+    python bench/trace_summary.py OUT.csv [--steps 8] [--all] [--save LAST2.csv.gz]
+"""
+import argparse
+import csv
+import gzip
+import re
+import statistics
+from collections import defaultdict
+
+
+def short(name: str) -> str:
+    """The kernel's struct and template arguments, without namespaces."""
+    m = re.search(r"\[with K = (.*)\]", name)
+    s = m.group(1) if m else name
+    s = re.sub(r"edgerunner::|cuda::|\{anonymous\}::|\(anonymous namespace\)::|_GLOBAL__N__\w+::", "", s)
+    return s.replace("TensorType::", "").replace("KvType::", "")
+
+
+def launches(rows):
+    """The launches: each kernel's blocks in order of start, a launch ending where a block number
+    comes again (the timer ticks every 32 ns: blocks of a launch and the next often start in one
+    tick, so start times alone do not separate launches; two launches of one kernel never overlap)."""
+    out = []
+    by_kernel = defaultdict(list)
+    for r in rows:
+        by_kernel[r["name"]].append(r)
+    for name, blocks in by_kernel.items():
+        cur, seen = None, set()
+        for r in sorted(blocks, key=lambda r: r["start"]):
+            if cur is None or r["block"] in seen or len(seen) == cur["n"]:
+                cur, seen = {"name": name, "n": r["blocks_total"], "blocks": []}, set()
+                out.append(cur)
+            seen.add(r["block"])
+            cur["blocks"].append(r)
+    # (in the order their waits returned: each waits for the launch before it to end; a launch
+    # whose blocks never waited, by its first block's start)
+    def order(l):
+        waits = [b["waited"] for b in l["blocks"] if b["waited"]]
+        return min(waits) if waits else min(b["start"] for b in l["blocks"])
+    out.sort(key=order)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("trace")
+    p.add_argument("--steps", type=int, default=8, help="the last this many decode steps")
+    p.add_argument("--all", action="store_true", help="every launch of one step, in order, not per kernel")
+    p.add_argument("--save", help="write the blocks of the last two steps here (gzip CSV, names shortened)")
+    args = p.parse_args()
+    rows = []
+    with open(args.trace) as f:
+        for r in csv.DictReader(f):
+            rows.append({"name": short(r["kernel"]), "sm": int(r["sm"]), "block": int(r["block"]), "blocks_total": int(r["blocks"]),
+                         "start": int(r["start"]), "waited": int(r["waited"]), "end": int(r["end"])})
+    ls = launches(rows)
+    for l in ls:
+        b = l["blocks"]
+        l["first"], l["last_start"] = min(x["start"] for x in b), max(x["start"] for x in b)
+        w = [x["waited"] for x in b if x["waited"]]
+        l["wait_max"] = max(w) if w else None
+        l["wait_min"] = min(w) if w else None
+        l["end"] = max(x["end"] for x in b)
+    ends = [i for i, l in enumerate(ls) if l["name"].startswith("Sample")]
+    # a step: the launches after one sampler up to the next, timed from the first's end
+    steps = [(ls[a]["end"], ls[a + 1:b + 1]) for a, b in zip(ends, ends[1:])][-args.steps:]
+    if not steps:
+        names = sorted({l["name"] for l in ls})
+        raise SystemExit(f"no two decode steps in the trace (a step ends with the sampler): {len(rows)} blocks, "
+                         f"{len(ls)} launches of {len(names)} kernels: {names[:8]}")
+    if args.save:
+        with gzip.open(args.save, "wt") as f:
+            f.write("kernel,sm,block,blocks,start,waited,end\n")
+            for _, step in steps[-2:]:
+                for l in step:
+                    for b in l["blocks"]:
+                        f.write(f"{l['name'].replace(',', ';')},{b['sm']},{b['block']},{b['blocks_total']},{b['start']},{b['waited']},{b['end']}\n")
+    us = 1e-3
+    table = defaultdict(lambda: defaultdict(list))
+    step_times = []
+    for prev_end, step in steps:
+        step_times.append((step[-1]["end"] - prev_end) * us)
+        for i, l in enumerate(step):
+            key = (i, l["name"]) if args.all else l["name"]
+            t = table[key]
+            t["start"].append((l["first"] - prev_end) * us)
+            t["spread"].append((l["last_start"] - l["first"]) * us)
+            if l["wait_max"] is not None:
+                t["release"].append((l["wait_min"] - prev_end) * us)
+                t["after"].append((l["end"] - l["wait_max"]) * us)
+            t["adds"].append((l["end"] - prev_end) * us)
+            t["blocks"].append(len(l["blocks"]))
+            prev_end = l["end"]
+    n = len(steps)
+    print(f"{n} steps, {statistics.fmean(step_times):.1f} µs a step (min {min(step_times):.1f}); µs, mean per launch")
+    print(f"{'kernel':<70} {'launches':>8} {'blocks':>6} {'start':>7} {'spread':>7} {'release':>7} {'after':>7} {'adds':>7} {'adds/step':>9}")
+    items = list(table.items())
+    if not args.all:
+        items.sort(key=lambda kv: -sum(kv[1]["adds"]))
+    for key, t in items:
+        name = f"{key[0]:3d} {key[1]}" if args.all else key
+        m = lambda v: f"{statistics.fmean(v):7.2f}" if v else "      -"
+        print(f"{name[:70]:<70} {len(t['adds']) / n:8.1f} {statistics.fmean(t['blocks']):6.0f} {m(t['start'])} {m(t['spread'])} "
+              f"{m(t['release'])} {m(t['after'])} {m(t['adds'])} {sum(t['adds']) / n:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
