@@ -146,7 +146,7 @@ case "${1:-}" in
       echo "== $name: per kernel"
       python3 bench/trace_summary.py /tmp/trace-$name.csv ${OUT:+--save $OUT/trace-$name.csv.gz}
       echo "== $name: launch by launch"
-      python3 bench/trace_summary.py /tmp/trace-$name.csv --all | head -42
+      python3 bench/trace_summary.py /tmp/trace-$name.csv --all --first 40
     done ;;
   parts)
     # recorded tg128 with each part left out of every step (EDGERUNNER_CUDA_SKIP): what the part

@@ -8,7 +8,7 @@ kernel launch of the last steps (a step ends with the sampler), averaged over th
   after   from the last wait's return to its last block's end (the work that had to wait)
   adds    what it adds to the step: its last end after the previous launch's last end
 
-    python bench/trace_summary.py OUT.csv [--steps 8] [--all] [--save LAST2.csv.gz]
+    python bench/trace_summary.py OUT.csv [--steps 8] [--all [--first N]] [--save LAST2.csv.gz]
 """
 import argparse
 import csv
@@ -56,6 +56,7 @@ def main() -> None:
     p.add_argument("trace")
     p.add_argument("--steps", type=int, default=8, help="the last this many decode steps")
     p.add_argument("--all", action="store_true", help="every launch of one step, in order, not per kernel")
+    p.add_argument("--first", type=int, help="with --all: only the step's first this many launches")
     p.add_argument("--save", help="write the blocks of the last two steps here (gzip CSV, names shortened)")
     args = p.parse_args()
     rows = []
@@ -107,6 +108,8 @@ def main() -> None:
     items = list(table.items())
     if not args.all:
         items.sort(key=lambda kv: -sum(kv[1]["adds"]))
+    elif args.first:
+        items = items[:args.first]
     for key, t in items:
         name = f"{key[0]:3d} {key[1]}" if args.all else key
         m = lambda v: f"{statistics.fmean(v):7.2f}" if v else "      -"

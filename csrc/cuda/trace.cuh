@@ -18,7 +18,7 @@ namespace edgerunner::cuda {
 
 struct TraceRecord {
     uint64_t start, waited, end;  // ns (waited: 0 where the block never waited)
-    uint32_t sm, block, blocks, kernel;  // block: linear index of `blocks`; kernel: trace_kernel_name's
+    uint32_t sm, block, blocks, kernel;  // block: linear index of `blocks`; kernel: trace_kernel's number
 };
 
 // Where kernel K's blocks write (a variable per kernel, set from the host by make_launch when
