@@ -13,8 +13,6 @@
 namespace edgerunner::cuda {
 namespace {
 
-constexpr unsigned kTraceCapacity = 1u << 22;  // records (160 MB)
-
 struct Trace {
     std::mutex mutex;
     std::string path;
@@ -38,6 +36,7 @@ const TraceSlot* trace_buffer() {
                              "-C cmake.define.EDGERUNNER_CUDA_TRACE=ON)\n");
         return nullptr;
 #else
+        constexpr unsigned kTraceCapacity = 1u << 22;  // records (160 MB)
         Trace& t = trace();
         t.path = path;
         ER_CUDA(cudaMalloc(&t.slot.records, sizeof(TraceRecord) * kTraceCapacity));
