@@ -8,6 +8,9 @@ kernel launch of the last steps (a step ends with the sampler), averaged over th
   after   from the last wait's return to its last block's end (the work that had to wait)
   adds    what it adds to the step: its last end after the previous launch's last end
 
+and, for kernels that mark points of their body (trace_mark: the input staged, the arithmetic
+done), the median block's time after its wait split at those marks.
+
     python bench/trace_summary.py OUT.csv [--steps 8] [--all [--first N]] [--save LAST2.csv.gz]
 """
 import argparse
@@ -63,7 +66,8 @@ def main() -> None:
     with open(args.trace) as f:
         for r in csv.DictReader(f):
             rows.append({"name": short(r["kernel"]), "sm": int(r["sm"]), "block": int(r["block"]), "blocks_total": int(r["blocks"]),
-                         "start": int(r["start"]), "waited": int(r["waited"]), "end": int(r["end"])})
+                         "start": int(r["start"]), "waited": int(r["waited"]), "end": int(r["end"]),
+                         "mark0": int(r.get("mark0") or 0), "mark1": int(r.get("mark1") or 0)})
     ls = launches(rows)
     for l in ls:
         b = l["blocks"]
@@ -81,11 +85,12 @@ def main() -> None:
                          f"{len(ls)} launches of {len(names)} kernels: {names[:8]}")
     if args.save:
         with gzip.open(args.save, "wt") as f:
-            f.write("kernel,sm,block,blocks,start,waited,end\n")
+            f.write("kernel,sm,block,blocks,start,waited,end,mark0,mark1\n")
             for _, step in steps[-2:]:
                 for l in step:
                     for b in l["blocks"]:
-                        f.write(f"{l['name'].replace(',', ';')},{b['sm']},{b['block']},{b['blocks_total']},{b['start']},{b['waited']},{b['end']}\n")
+                        f.write(f"{l['name'].replace(',', ';')},{b['sm']},{b['block']},{b['blocks_total']},{b['start']},{b['waited']},"
+                                f"{b['end']},{b['mark0']},{b['mark1']}\n")
     us = 1e-3
     table = defaultdict(lambda: defaultdict(list))
     step_times = []
@@ -115,6 +120,26 @@ def main() -> None:
         m = lambda v: f"{statistics.fmean(v):7.2f}" if v else "      -"
         print(f"{name[:70]:<70} {len(t['adds']) / n:8.1f} {statistics.fmean(t['blocks']):6.0f} {m(t['start'])} {m(t['spread'])} "
               f"{m(t['release'])} {m(t['after'])} {m(t['adds'])} {sum(t['adds']) / n:9.1f}")
+    if args.all:
+        return
+    # where a kernel marks points of its body (trace_mark): a block's time after its wait in parts
+    parts = defaultdict(lambda: defaultdict(list))
+    for _, step in steps:
+        for l in step:
+            for b in l["blocks"]:
+                if not (b["waited"] and b["mark0"]):
+                    continue
+                p = parts[l["name"]]
+                p["input"].append((b["mark0"] - b["waited"]) * us)
+                if b["mark1"]:
+                    p["middle"].append((b["mark1"] - b["mark0"]) * us)
+                p["rest"].append((b["end"] - (b["mark1"] or b["mark0"])) * us)
+    if parts:
+        print("\nblocks' time after their wait, by the kernels' marks (µs, median over blocks): to mark 0 "
+              "(input staged), mark 0 to 1, to the end")
+        for name, p in sorted(parts.items(), key=lambda kv: -len(kv[1]["input"])):
+            med = lambda v: f"{statistics.median(v):7.2f}" if v else "      -"
+            print(f"{name[:70]:<70} {len(p['input']):8d} {med(p['input'])} {med(p['middle'])} {med(p['rest'])}")
 
 
 if __name__ == "__main__":

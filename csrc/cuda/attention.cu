@@ -281,6 +281,7 @@ struct DecodeAttention {
         for (int e = threadIdx.x; e < hd; e += blockDim.x) q[e] = a.q[(t * a.n_head + h) * hd + e] * scale;
         wait_pending<0>();
         __syncthreads();
+        trace_mark(0);  // (the keys, values and query staged)
         // key i's score by thread i, over 8 values at a time (two sums: a shorter chain)
         const int i = threadIdx.x;
         float s = -FLT_MAX;
@@ -311,6 +312,7 @@ struct DecodeAttention {
         __syncthreads();
         float l = 0.0f;
         for (int w = 0; w < kDecodeWarps; ++w) l += red[kDecodeWarps + w];
+        trace_mark(1);  // (the softmax done)
         // warp w adds keys w, w + 8, ... into its lanes' dimensions (l, l + 32, ...)
         float acc[D] = {};
 #pragma unroll 4

@@ -281,6 +281,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, std::conditional_t
         int4* xs = reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(smem) + kWeightSmem);
         if constexpr (kNorm) stage_normed(a, g, xs, n_units);
         else stage_q8(a, xs, n_units);
+        trace_mark(0);  // (the input staged)
 
         float sum[kSlots] = {};
         if (row[0])
@@ -302,6 +303,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, std::conditional_t
                 issue(c + kRing, slot);
                 slot = slot == kRing - 1 ? 0 : slot + 1;
             }
+        trace_mark(1);  // (warp 0's dots done)
         const float v0 = warp_sum(sum[0]), v1 = warp_sum(sum[1]);
         if constexpr (kQuantOut) {  // (gated; whole blocks of 32 rows)
             __shared__ float gated_out[32];

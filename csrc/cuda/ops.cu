@@ -49,6 +49,7 @@ struct RmsNorm {
         __shared__ float unit_ss[kRmsNormMaxCols / 32];
         load_row(reinterpret_cast<const float4*>(a.in + blockIdx.x * a.n), n4, v);
         const float scale = block_rms_scale(v, n4, a.n, a.eps, unit_ss);
+        trace_mark(0);  // (the row read and its scale known)
         float4* y = reinterpret_cast<float4*>(a.out + blockIdx.x * a.n);
 #pragma unroll
         for (int k = 0; k < kPasses; ++k) {

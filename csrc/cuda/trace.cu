@@ -70,13 +70,14 @@ void trace_flush() {
     FILE* f = std::fopen(t.path.c_str(), "a");  // (a session's two runners flush one after the other)
     if (!f) return;
     std::fseek(f, 0, SEEK_END);
-    if (std::ftell(f) == 0) std::fprintf(f, "kernel,sm,block,blocks,start,waited,end\n");
+    if (std::ftell(f) == 0) std::fprintf(f, "kernel,sm,block,blocks,start,waited,end,mark0,mark1\n");
     for (const TraceRecord& r : records) {
         std::string name = r.kernel < t.kernels.size() ? t.kernels[r.kernel] : "?";
         for (char& c : name)
             if (c == ',') c = ';';
-        std::fprintf(f, "%s,%u,%u,%u,%llu,%llu,%llu\n", name.c_str(), r.sm, r.block, r.blocks, static_cast<unsigned long long>(r.start),
-                     static_cast<unsigned long long>(r.waited), static_cast<unsigned long long>(r.end));
+        std::fprintf(f, "%s,%u,%u,%u,%llu,%llu,%llu,%llu,%llu\n", name.c_str(), r.sm, r.block, r.blocks,
+                     static_cast<unsigned long long>(r.start), static_cast<unsigned long long>(r.waited), static_cast<unsigned long long>(r.end),
+                     static_cast<unsigned long long>(r.mark[0]), static_cast<unsigned long long>(r.mark[1]));
     }
     std::fclose(f);
     if (n > t.slot.capacity) std::fprintf(stderr, "edgerunner: the CUDA trace kept the first %u of %u blocks\n", t.slot.capacity, n);

@@ -18,6 +18,7 @@ namespace edgerunner::cuda {
 
 struct TraceRecord {
     uint64_t start, waited, end;  // ns (waited: 0 where the block never waited)
+    uint64_t mark[2];             // trace_mark's, where the kernel sets them (else 0)
     uint32_t sm, block, blocks, kernel;  // block: linear index of `blocks`; kernel: trace_kernel's number
 };
 
@@ -31,9 +32,9 @@ struct TraceSlot {
 template <class K>
 __device__ TraceSlot trace_slot;
 
-// This block's times so far (thread 0's): start, waited, and whether tracing is on.
+// This block's times so far (thread 0's): start, waited, whether tracing is on, the two marks.
 __device__ __forceinline__ uint64_t* trace_times() {
-    __shared__ uint64_t times[3];
+    __shared__ uint64_t times[5];
     return times;
 }
 
@@ -48,7 +49,7 @@ __device__ __forceinline__ void trace_begin(const TraceSlot& slot) {
     if (threadIdx.x == 0) {
         uint64_t* t = trace_times();
         t[2] = slot.records != nullptr;
-        if (t[2]) t[0] = trace_now(), t[1] = 0;
+        if (t[2]) t[0] = trace_now(), t[1] = t[3] = t[4] = 0;
     }
 #endif
 }
@@ -57,6 +58,16 @@ __device__ __forceinline__ void trace_begin(const TraceSlot& slot) {
 __device__ __forceinline__ void trace_waited() {
 #ifdef ER_CUDA_TRACE
     if (threadIdx.x == 0 && trace_times()[2]) trace_times()[1] = trace_now();
+#endif
+}
+
+// Thread 0 reached point i (0 or 1) of the kernel's body: where a kernel marks the end of its
+// input's staging and of its arithmetic, the summary splits the time after its wait in three.
+__device__ __forceinline__ void trace_mark(int i) {
+#ifdef ER_CUDA_TRACE
+    if (threadIdx.x == 0 && trace_times()[2]) trace_times()[3 + i] = trace_now();
+#else
+    (void)i;
 #endif
 }
 
@@ -70,7 +81,7 @@ __device__ __forceinline__ void trace_end(const TraceSlot& slot) {
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     const unsigned i = atomicAdd(slot.count, 1u);
     if (i < slot.capacity)
-        slot.records[i] = TraceRecord{trace_times()[0], trace_times()[1], end, sm,
+        slot.records[i] = TraceRecord{trace_times()[0], trace_times()[1], end, {trace_times()[3], trace_times()[4]}, sm,
                                       blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), gridDim.x * gridDim.y * gridDim.z,
                                       slot.kernel};
 #endif
@@ -81,8 +92,8 @@ __device__ __forceinline__ void trace_end(const TraceSlot& slot) {
 // number and name (trace_kernel), once per kernel.
 const TraceSlot* trace_buffer();
 unsigned trace_kernel(const char* name);
-// Add the records so far to the file (CSV: kernel, sm, block, blocks, start, waited, end; the
-// header where the file is new) and start again; nothing when off.
+// Add the records so far to the file (CSV: kernel, sm, block, blocks, start, waited, end, mark0,
+// mark1; the header where the file is new) and start again; nothing when off.
 void trace_flush();
 
 }  // namespace edgerunner::cuda
