@@ -36,7 +36,7 @@ const TraceSlot* trace_buffer() {
                              "-C cmake.define.EDGERUNNER_CUDA_TRACE=ON)\n");
         return nullptr;
 #else
-        constexpr unsigned kTraceCapacity = 1u << 22;  // records (160 MB)
+        constexpr unsigned kTraceCapacity = 1u << 22;  // records (224 MB)
         Trace& t = trace();
         t.path = path;
         ER_CUDA(cudaMalloc(&t.slot.records, sizeof(TraceRecord) * kTraceCapacity));

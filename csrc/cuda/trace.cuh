@@ -5,9 +5,9 @@
 // kernels of a step overlap under programmatic dependent launch. bench/trace_step.py runs a model
 // with it and bench/trace_summary.py reads the file.
 //
-// Every entry point (launch.cuh) calls trace_begin / trace_end around the kernel's body, and
-// wait_inputs() notes when it returned. Other builds compile none of it: the kernels are those
-// measured, register for register.
+// Every entry point (launch.cuh) calls trace_begin / trace_end around the kernel's body,
+// wait_inputs() notes when it returned, and a kernel may mark two points of its body (trace_mark).
+// Other builds compile none of it: the kernels are those measured, register for register.
 #pragma once
 
 #include <cuda_runtime.h>
