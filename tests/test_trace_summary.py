@@ -1,0 +1,65 @@
+"""bench/trace_summary.py, which reads the CUDA kernels' block timeline (trace builds; run on the
+GPU machine), on a made-up trace: launches told apart where their blocks share timer ticks and one
+kernel runs twice in a step, in the order their waits returned, with each launch's share of the step
+and the kernels' marks."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def name(kernel: str) -> str:
+    return f"const char* edgerunner::cuda::kernel_name() [with K = _GLOBAL__N__1_x_cu_ab::{kernel}]"
+
+
+GEMV = "GemvStaged<edgerunner::TensorType::Q4_0; false; false; false>"
+
+
+def step_rows(base: int) -> list[str]:
+    """One decode step of 10 µs from `base` (ns): embed, norm, the same GEMV twice, sampler."""
+    rows = [(name("Embed<edgerunner::TensorType::Q4_0>"), 0, 1, 100, 150, 1000, 0, 0),
+            (name("RmsNorm"), 0, 1, 500, 1600, 2600, 2000, 0)]  # (starts before the embed ends)
+    for b, end in enumerate([5000, 5100, 5200]):  # first launch: its first block starts in the norm's mark's tick
+        rows.append((name(GEMV), b, 3, 2000 + 32 * (b == 2), 3100, end, 3400, 4400))
+    for b in range(3):  # second launch: its blocks start in the tick the first one's first block ends
+        rows.append((name(GEMV), b, 3, 5000, 5800, 7000, 6000, 6600))
+    rows.append((name("Sample"), 0, 1, 5000, 7500, 8000, 0, 0))  # (starts in the tick the second launch's blocks do)
+    return [f"{k.replace(',', ';')},{b % 7},{b},{n},{base + s},{base + w},{base + e},{base + m0 if m0 else 0},{base + m1 if m1 else 0}"
+            for k, b, n, s, w, e, m0, m1 in rows]
+
+
+def summary(tmp_path, *args):
+    lines = ["kernel,sm,block,blocks,start,waited,end,mark0,mark1"]
+    for k in range(4):
+        lines += step_rows(k * 10_000)
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join(lines) + "\n")
+    out = subprocess.run([sys.executable, str(BENCH / "trace_summary.py"), str(path), *args], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
+def test_launches_in_wait_order_with_their_share_of_the_step(tmp_path):
+    lines = summary(tmp_path, "--all", "--steps", "2")
+    assert lines[0].startswith("2 steps, 10.0 µs a step")
+    rows = [l.split() for l in lines[2:]]
+    assert [r[1].split("<")[0] for r in rows] == ["Embed", "RmsNorm", "GemvStaged", "GemvStaged", "Sample"]
+    assert [r[1] for r in rows][2] == "GemvStaged<Q4_0;"  # (namespaces gone)
+    blocks = [int(r[-7]) for r in rows]
+    assert blocks == [1, 1, 3, 3, 1]
+    adds = [float(r[-2]) for r in rows]  # µs after the previous launch's end
+    assert adds == [3.0, 1.6, 2.6, 1.8, 1.0]
+    starts = [float(r[-6]) for r in rows]  # first block's start after the previous launch's end
+    assert starts == [2.1, -0.5, -0.6, -0.2, -2.0]
+
+
+def test_marks_split_the_time_after_the_wait(tmp_path):
+    lines = summary(tmp_path, "--steps", "2")
+    i = next(k for k, l in enumerate(lines) if l.startswith("blocks' time after their wait"))
+    marks = {l.split()[0]: [None if x == "-" else float(x) for x in l.split()[-3:]] for l in lines[i + 1:]}
+    # the GEMV's two launches: input 0.3 and 0.2, between the marks 1.0 and 0.6, the rest 0.6–0.8
+    # and 0.4 µs; medians over their six blocks
+    assert marks["GemvStaged<Q4_0;"] == [0.25, 0.8, 0.5]
+    assert marks["RmsNorm"] == [0.4, None, 0.6]  # (one mark)
+    assert "Embed<Q4_0>" not in marks  # (none)
