@@ -45,12 +45,15 @@ def launches(rows):
                 out.append(cur)
             seen.add(r["block"])
             cur["blocks"].append(r)
-    # (in the order their waits returned: each waits for the launch before it to end; a launch
-    # whose blocks never waited, by its first block's start)
-    def order(l):
-        waits = [b["waited"] for b in l["blocks"] if b["waited"]]
-        return min(waits) if waits else min(b["start"] for b in l["blocks"])
-    out.sort(key=order)
+    for l in out:  # its first and last block's start, its first and last wait's return, its end
+        b = l["blocks"]
+        l["first"], l["last_start"] = min(x["start"] for x in b), max(x["start"] for x in b)
+        w = [x["waited"] for x in b if x["waited"]]
+        l["wait_min"], l["wait_max"] = (min(w), max(w)) if w else (None, None)
+        l["end"] = max(x["end"] for x in b)
+    # in the order their waits returned (each waits for the launch before it to end); a launch
+    # whose blocks never waited, by its first block's start
+    out.sort(key=lambda l: l["first"] if l["wait_min"] is None else l["wait_min"])
     return out
 
 
@@ -69,13 +72,6 @@ def main() -> None:
                          "start": int(r["start"]), "waited": int(r["waited"]), "end": int(r["end"]),
                          "mark0": int(r.get("mark0") or 0), "mark1": int(r.get("mark1") or 0)})
     ls = launches(rows)
-    for l in ls:
-        b = l["blocks"]
-        l["first"], l["last_start"] = min(x["start"] for x in b), max(x["start"] for x in b)
-        w = [x["waited"] for x in b if x["waited"]]
-        l["wait_max"] = max(w) if w else None
-        l["wait_min"] = min(w) if w else None
-        l["end"] = max(x["end"] for x in b)
     ends = [i for i, l in enumerate(ls) if l["name"].startswith("Sample")]
     # a step: the launches after one sampler up to the next, timed from the first's end
     steps = [(ls[a]["end"], ls[a + 1:b + 1]) for a, b in zip(ends, ends[1:])][-args.steps:]
