@@ -87,18 +87,29 @@ def random_activations(rng, n_tokens, n):
 
 @pytest.mark.parametrize("name", TYPES + ["BF16"])
 def test_gemv_equals_float64(name):
-    """One token: the decode GEMV."""
+    """One token: the decode GEMV. For the int8 formats also equal bit for bit to the eight-token
+    GEMV's sums for the same token (a second token beside it), which add the same units in the
+    same order from the raw blocks: the one-token kernel packs its chunks before its wait where its
+    grid is one wave and its rows fit in three chunks (the smaller cases below)."""
     seed = random.randrange(2**32)
     rng = np.random.default_rng(seed)
-    for n_rows, blocks in ((1, 1), (37, 3), (130, 9), (5, 70)):  # 70 blocks: rows in several staged chunks
+
+    def check(rows, n, context):
+        x = random_activations(rng, 2, n)
+        assert_matmul_close(name, rows, x[:1], context)
+        if name in GEMM_TYPES:
+            one = _core.cuda_matmul(quants.type_id(name), rows, x[:1], "auto")
+            two = _core.cuda_matmul(quants.type_id(name), rows, x, "auto")
+            assert np.array_equal(one[0], two[0]), f"{name} {context}: the one-token and eight-token GEMVs differ"
+
+    # 70 and 250 blocks: rows in several staged chunks (250: more than three, so never packed)
+    for n_rows, blocks in ((1, 1), (37, 3), (130, 9), (5, 70), (3, 250)):
         n = blocks * (256 if name in K_TYPES else 32)
-        rows = random_weights(name, n_rows, n, rng)
-        assert_matmul_close(name, rows, random_activations(rng, 1, n), f"rows={n_rows} n={n} seed {seed}")
+        check(random_weights(name, n_rows, n, rng), n, f"rows={n_rows} n={n} seed {seed}")
     # more rows than one wave of blocks holds (blocks retire and new ones start mid-kernel; an odd
     # count leaves the last warp one row): 20011 rows drawn from 257 random ones
     n = 2 * (256 if name in K_TYPES else 32)
-    rows = random_weights(name, 257, n, rng)[rng.integers(0, 257, 20011)]
-    assert_matmul_close(name, rows, random_activations(rng, 1, n), f"rows=20011 n={n} seed {seed}")
+    check(random_weights(name, 257, n, rng)[rng.integers(0, 257, 20011)], n, f"rows=20011 n={n} seed {seed}")
 
 
 # the formats the tensor-core GEMM takes (the GEMV's int8 ones)

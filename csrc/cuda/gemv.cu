@@ -115,10 +115,14 @@ constexpr int kSlots = 2;                  // rows per warp
 constexpr int kMaxChunkBytes = 1536;       // two units per lane where a chunk stays within this
 
 // Activations staged in shared memory for 16-byte loads: per unit, its words 0..3 at xs[u], 4..7 at
-// xs[n_units + u], and (d, sum, sum of the first 16, -) at xs[2 n_units + u].
-__device__ __forceinline__ XUnit staged_x(const int4* xs, int n_units, int u) {
-    const int4 lo = xs[u], hi = xs[n_units + u], m = xs[2 * n_units + u];
-    return XUnit{{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}, m.y, m.z, __int_as_float(m.x)};
+// xs[n_units + u], then (d, sum) as int2s (x_ds), then the sums of the first 16 (x_sum_lo: a load
+// the formats that do not use it leave out). 44 of the 48 bytes a unit is given.
+__device__ __forceinline__ int2* x_ds(int4* xs, int n_units) { return reinterpret_cast<int2*>(xs + 2 * n_units); }
+__device__ __forceinline__ int* x_sum_lo(int4* xs, int n_units) { return reinterpret_cast<int*>(xs + 2 * n_units) + 2 * n_units; }
+__device__ __forceinline__ XUnit staged_x(int4* xs, int n_units, int u) {
+    const int4 lo = xs[u], hi = xs[n_units + u];
+    const int2 ds = x_ds(xs, n_units)[u];
+    return XUnit{{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}, ds.y, x_sum_lo(xs, n_units)[u], __int_as_float(ds.x)};
 }
 
 // a.xq's int8 units into that layout, by the whole block (then its barrier).
@@ -127,7 +131,8 @@ __device__ __forceinline__ void stage_q8(const GemvArgs& a, int4* xs, int n_unit
         const XUnit x = load_x(a.xq[u]);
         xs[u] = make_int4(x.w[0], x.w[1], x.w[2], x.w[3]);
         xs[n_units + u] = make_int4(x.w[4], x.w[5], x.w[6], x.w[7]);
-        xs[2 * n_units + u] = make_int4(__float_as_int(x.d), x.sum, x.sum_lo, 0);
+        x_ds(xs, n_units)[u] = make_int2(__float_as_int(x.d), x.sum);
+        x_sum_lo(xs, n_units)[u] = x.sum_lo;
     }
     __syncthreads();
 }
@@ -159,7 +164,7 @@ __device__ __forceinline__ void stage_normed(const GemvArgs& a, const float4 (&g
         if (i < n4) {
             const int u = i / 8, j = i % 8;
             words[4 * (j < 4 ? u : n_units + u) + j % 4] = word;
-            if (j == 0) xs[2 * n_units + u] = make_int4(__float_as_int(d), sum, lo, 0);
+            if (j == 0) x_ds(xs, n_units)[u] = make_int2(__float_as_int(d), sum), x_sum_lo(xs, n_units)[u] = lo;
         }
     }
     __syncthreads();
@@ -184,7 +189,7 @@ struct Bounds256x3 {  // (kNorm's registers: still three blocks an SM, as the ot
 };
 struct NoBounds {};
 
-template <TensorType T, bool kRope, bool kQuantOut = false, bool kNorm = false>
+template <TensorType T, bool kRope, bool kQuantOut = false, bool kNorm = false, bool kPack = false>
 struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, std::conditional_t<kNorm, Bounds256x3, NoBounds>> {
     using Args = GemvArgs;
     using D = QuantDot<T>;
@@ -195,7 +200,9 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, std::conditional_t
     static constexpr int kChunkUnits = 32 * kPerLane;
     static constexpr int kChunkBytes = kChunkUnits / D::kUnits * kBlockBytes;
     static constexpr int kPieces = (kChunkBytes + 15 + 15) / 16;  // 16-byte pieces from the boundary at or below a chunk's start
-    static constexpr int kStageBytes = 16 * kPieces;
+    using P = Packed<T>;
+    static_assert(!kPack || (P::kPacks && !kQuantOut), "packed chunks: a format that has them, rings of three");
+    static constexpr int kStageBytes = std::max(16 * kPieces, kPack ? (P::bytes(kChunkUnits) + 15) / 16 * 16 : 0);
     static constexpr size_t kWeightSmem = static_cast<size_t>(kWarps) * kBuffers * kSlots * kStageBytes;
     static_assert(kChunkUnits % D::kUnits == 0, "chunks of whole blocks");
 
@@ -273,6 +280,29 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, std::conditional_t
             for (int s = 0; s < kSlots; ++s)
                 if (uint8_t* c = field(a, part[s], &GemvPart::cache)) slot[s] = c + static_cast<size_t>(pos % a.rope.capacity) * a.rope.slot_bytes;
         }
+        // kPack: the chunks staged so far (the ring's first three: whole rows, as launched)
+        // rewritten into packed form, in place: each lane's units into registers, then (every
+        // lane's read) out
+        if constexpr (kPack) {
+            wait_pending<0>();
+            __syncwarp();
+            for (int c = 0; c < kRing && c < n_chunks; ++c)
+#pragma unroll
+                for (int s = 0; s < kSlots; ++s) {
+                    if (!row[s]) continue;
+                    uint8_t* buffer = stage + (c * kSlots + s) * kStageBytes;
+                    const int units = min(kChunkUnits, n_units - c * kChunkUnits);
+                    typename P::Unit v[kPerLane];
+#pragma unroll
+                    for (int i = 0; i < kPerLane; ++i)
+                        if (32 * i + lane < units) v[i] = P::load(buffer + skew(c, s), 32 * i + lane);
+                    __syncwarp();
+#pragma unroll
+                    for (int i = 0; i < kPerLane; ++i)
+                        if (32 * i + lane < units) P::store(buffer, kChunkUnits, 32 * i + lane, v[i]);
+                    __syncwarp();
+                }
+        }
         wait_inputs();
         if (a.accumulate)
 #pragma unroll
@@ -288,16 +318,23 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, std::conditional_t
             for (int c = 0, slot = 0; c < n_chunks; ++c) {
                 wait_pending<kRing - 1>();  // this lane's pieces of chunk c have landed ...
                 __syncwarp();               // ... and every lane's
-                const uint8_t* w0 = stage + (slot * kSlots) * kStageBytes + skew(c, 0);
-                const uint8_t* w1 = stage + (slot * kSlots + 1) * kStageBytes + skew(c, 1);
+                // the chunk's units of this lane, dot(s, j, x) giving row s's unit j of the chunk
+                auto chunk = [&](auto dot) {
 #pragma unroll
-                for (int i = 0; i < kPerLane; ++i) {
-                    const int u = c * kChunkUnits + 32 * i + lane;
-                    if (u < n_units) {
-                        const XUnit x = staged_x(xs, n_units, u);
-                        sum[0] += D::dot(w0, 32 * i + lane, x);
-                        if (row[1]) sum[1] += D::dot(w1, 32 * i + lane, x);
+                    for (int i = 0; i < kPerLane; ++i) {
+                        const int u = c * kChunkUnits + 32 * i + lane;
+                        if (u < n_units) {
+                            const XUnit x = staged_x(xs, n_units, u);
+                            sum[0] += dot(0, 32 * i + lane, x);
+                            if (row[1]) sum[1] += dot(1, 32 * i + lane, x);
+                        }
                     }
+                };
+                const uint8_t* buffer = stage + slot * kSlots * kStageBytes;  // (row s's: + s · kStageBytes)
+                if (kPack && c < kRing) {
+                    if constexpr (kPack) chunk([&](int s, int j, const XUnit& x) { return P::dot(buffer + s * kStageBytes, kChunkUnits, j, x); });
+                } else {
+                    chunk([&](int s, int j, const XUnit& x) { return D::dot(buffer + s * kStageBytes + skew(c, s), j, x); });
                 }
                 __syncwarp();  // everyone is done with this buffer
                 issue(c + kRing, slot);
@@ -453,22 +490,28 @@ bool rows_wanted(const GemvArgs& a) {
            (a.part[0].rows + 2 * kStagedWarps - 1) / (2 * kStagedWarps) >= kRowsMinWaves * 3 * sm_count();
 }
 
+// The blocks of kernel K (of `threads` threads, `smem` bytes of shared memory) an SM holds at once,
+// asked once per shared-memory size (eager dispatch builds its launches every step).
+template <class K>
+int blocks_per_sm(int threads, size_t smem) {
+    thread_local size_t asked = 0;
+    thread_local int per_sm = 1;
+    if (smem != asked) {
+        ER_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, value_entry<K>(), threads, smem));
+        per_sm = std::max(per_sm, 1);
+        asked = smem;
+    }
+    return per_sm;
+}
+
 template <TensorType T, bool kNorm>
 Launch rows_launch(const GemvArgs& a) {
     using K = GemvRows<T, kNorm>;
     static const bool sized = allow_smem<K>(smem_per_block());
     (void)sized;
-    // the blocks an SM holds, asked once per shared-memory size (eager dispatch builds its
-    // launches every step)
-    thread_local size_t asked = 0;
-    thread_local int per_sm = 1;
-    if (K::smem(a) != asked) {
-        ER_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, value_entry<K>(), K::kBlockThreads, K::smem(a)));
-        per_sm = std::max(per_sm, 1);
-        asked = K::smem(a);
-    }
     const int64_t pairs = (a.part[0].rows + 1) / 2;
-    const int64_t blocks = std::min<int64_t>(per_sm * static_cast<int64_t>(sm_count()), (pairs + kRowsWarps - 1) / kRowsWarps);
+    const int64_t blocks = std::min<int64_t>(blocks_per_sm<K>(K::kBlockThreads, K::smem(a)) * static_cast<int64_t>(sm_count()),
+                                             (pairs + kRowsWarps - 1) / kRowsWarps);
     return make_launch<K>(dim3(static_cast<unsigned>(blocks)), dim3(K::kBlockThreads), a, K::smem(a));
 }
 
@@ -487,10 +530,34 @@ Launch staged(const GemvArgs& a) {
     return make_launch<K>(dim3(static_cast<unsigned>(staged_blocks(a, K::kWarps))), dim3(32 * K::kWarps), a, K::smem(a));
 }
 
-template <TensorType T1, TensorType T2, bool kRope, bool kNorm>
+// Whether a staged launch of `blocks` blocks (`smem` bytes of shared memory each) takes the kernel
+// that packs its chunks before its wait (kPack): where its grid is one wave, so that every block
+// starts while the previous kernel still runs and has time to spare (in later waves the packing
+// would only add to the dots), and its rows are at most the ring's three chunks, all staged before
+// the wait (a longer row streams after it; its dots wait on that, not on the packing). K: the kernel
+// that runs (its occupancy), S: the staged kernel whose rows those are. EDGERUNNER_CUDA_PACK=0 says
+// never (for measurements).
+template <class K, class S>
+bool packs(int64_t blocks, size_t smem, int64_t cols) {
+    static const bool enabled = [] {
+        const char* env = std::getenv("EDGERUNNER_CUDA_PACK");
+        return !(env && std::string(env) == "0");
+    }();
+    return enabled && cols / 32 <= kRing * S::kChunkUnits && blocks <= static_cast<int64_t>(blocks_per_sm<K>(32 * S::kWarps, smem)) * sm_count();
+}
+
+// The one-token staged GEMV (no int8 output): packed where its format has that and `packs`.
+template <TensorType T, bool kRope, bool kNorm>
+Launch staged_one(const GemvArgs& a) {
+    if constexpr (Packed<T>::kPacks) {
+        using K = GemvStaged<T, kRope, false, kNorm, true>;
+        if (packs<K, K>(staged_blocks(a, K::kWarps), K::smem(a), a.cols)) return staged<K>(a);
+    }
+    return staged<GemvStaged<T, kRope, false, kNorm>>(a);
+}
+
+template <class K1, class K2>
 Launch staged_pair(const GemvArgs& a1, const GemvArgs& a2) {
-    using K1 = GemvStaged<T1, kRope, false, kNorm>;
-    using K2 = GemvStaged<T2, kRope, false, kNorm>;
     using P = StagedPair<K1, K2>;
     static_assert(K1::kWarps == K2::kWarps, "one block size");
     static const bool sized = allow_smem<P>(std::max(K1::kWeightSmem, K2::kWeightSmem) + kMaxStagedCols / 32 * 3 * sizeof(int4));
@@ -498,6 +565,20 @@ Launch staged_pair(const GemvArgs& a1, const GemvArgs& a2) {
     const int64_t b1 = staged_blocks(a1, K1::kWarps), b2 = staged_blocks(a2, K2::kWarps);
     return make_launch<P>(dim3(static_cast<unsigned>(b1 + b2)), dim3(32 * K1::kWarps), typename P::Args{a1, a2, b1},
                           std::max(K1::smem(a1), K2::smem(a2)));
+}
+
+// The pair, packed where both formats have that and `packs` for both.
+template <TensorType T1, TensorType T2, bool kRope, bool kNorm>
+Launch staged_pair(const GemvArgs& a1, const GemvArgs& a2) {
+    if constexpr (Packed<T1>::kPacks && Packed<T2>::kPacks) {
+        using K1 = GemvStaged<T1, kRope, false, kNorm, true>;
+        using K2 = GemvStaged<T2, kRope, false, kNorm, true>;
+        const int64_t blocks = staged_blocks(a1, K1::kWarps) + staged_blocks(a2, K2::kWarps);
+        const size_t smem = std::max(K1::smem(a1), K2::smem(a2));
+        using P = StagedPair<K1, K2>;
+        if (packs<P, K1>(blocks, smem, a1.cols) && packs<P, K2>(blocks, smem, a2.cols)) return staged_pair<K1, K2>(a1, a2);
+    }
+    return staged_pair<GemvStaged<T1, kRope, false, kNorm>, GemvStaged<T2, kRope, false, kNorm>>(a1, a2);
 }
 
 // The format pairs that run as one launch (the mixes' Q·K and V types; others take two).
@@ -515,8 +596,8 @@ Launch launch(const GemvArgs& a) {
             const bool norm = a.norm.x != nullptr;
             if (a.xq_out) return norm ? staged<GemvStaged<T, false, true, true>>(a) : staged<GemvStaged<T, false, true>>(a);
             if (rows_wanted(a)) return norm ? rows_launch<T, true>(a) : rows_launch<T, false>(a);
-            if (a.rope.pos0) return norm ? staged<GemvStaged<T, true, false, true>>(a) : staged<GemvStaged<T, true>>(a);
-            return norm ? staged<GemvStaged<T, false, false, true>>(a) : staged<GemvStaged<T, false>>(a);
+            if (a.rope.pos0) return norm ? staged_one<T, true, true>(a) : staged_one<T, true, false>(a);
+            return norm ? staged_one<T, false, true>(a) : staged_one<T, false, false>(a);
         }
         else return make_launch<Gemv<T, 1>>(dim3(row_blocks, 1), block, a);
     }

@@ -343,4 +343,151 @@ struct QuantDot<TensorType::Q6_K> {
     }
 };
 
+// The staged GEMV's packed chunks (GemvStaged in a grid of one wave: GemvArgs::pack). Such a
+// block's first chunks land in shared memory long before its input is ready. While it waits, each
+// warp rewrites them from raw blocks into aligned fields, so that the dot after the wait reads a
+// unit's quants with 16-byte loads and its scales from arrays of their own: no funnel shifts, no
+// bank conflicts, fewer shared-memory wavefronts (what the dots of a one-wave GEMV wait on:
+// bench/NOTES.md, sixteenth CUDA session). A packed chunk of n units: unit u's quants at
+// [kQuantBytes·u], a 16-bit field per unit at [n·kQuantBytes + 2u], and for the K-quants a
+// 32-bit field per block at [n·(kQuantBytes + 2) + 4·(u / 8)]. dot() is the raw dot's arithmetic:
+// the same bits. Formats without it: kPacks = false (their chunks stay raw).
+template <TensorType T>
+struct Packed {
+    static constexpr bool kPacks = false;
+    static constexpr int bytes(int) { return 0; }
+};
+
+template <>
+struct Packed<TensorType::Q4_0> {
+    static constexpr bool kPacks = true;
+    static constexpr int bytes(int n) { return 18 * n; }
+    struct Unit {
+        uint4 q;
+        er_half d;
+    };
+    static __device__ Unit load(const uint8_t* raw, int u) {
+        const block_q4_0& b = reinterpret_cast<const block_q4_0*>(raw)[u];
+        uint32_t w[4];
+        words(b.qs, w);
+        return {make_uint4(w[0], w[1], w[2], w[3]), b.d};
+    }
+    static __device__ void store(uint8_t* chunk, int n, int u, const Unit& v) {
+        reinterpret_cast<uint4*>(chunk)[u] = v.q;
+        reinterpret_cast<er_half*>(chunk + 16 * n)[u] = v.d;
+    }
+    static __device__ float dot(const uint8_t* chunk, int n, int u, const XUnit& x) {
+        const uint4 q = reinterpret_cast<const uint4*>(chunk)[u];
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+        const float d = h2f(reinterpret_cast<const er_half*>(chunk + 16 * n)[u]);
+        return d * x.d * static_cast<float>(nibble_dot<false>(w, 0, x) - 8 * x.sum);
+    }
+};
+
+template <>
+struct Packed<TensorType::Q8_0> {
+    static constexpr bool kPacks = true;
+    static constexpr int bytes(int n) { return 34 * n; }
+    struct Unit {
+        uint4 q[2];
+        er_half d;
+    };
+    static __device__ Unit load(const uint8_t* raw, int u) {
+        const block_q8_0& b = reinterpret_cast<const block_q8_0*>(raw)[u];
+        uint32_t w[8];
+        words(reinterpret_cast<const uint8_t*>(b.qs), w);
+        return {{make_uint4(w[0], w[1], w[2], w[3]), make_uint4(w[4], w[5], w[6], w[7])}, b.d};
+    }
+    static __device__ void store(uint8_t* chunk, int n, int u, const Unit& v) {
+        reinterpret_cast<uint4*>(chunk)[2 * u] = v.q[0];
+        reinterpret_cast<uint4*>(chunk)[2 * u + 1] = v.q[1];
+        reinterpret_cast<er_half*>(chunk + 32 * n)[u] = v.d;
+    }
+    static __device__ float dot(const uint8_t* chunk, int n, int u, const XUnit& x) {
+        const uint4 lo = reinterpret_cast<const uint4*>(chunk)[2 * u], hi = reinterpret_cast<const uint4*>(chunk)[2 * u + 1];
+        const int w[8] = {static_cast<int>(lo.x), static_cast<int>(lo.y), static_cast<int>(lo.z), static_cast<int>(lo.w),
+                          static_cast<int>(hi.x), static_cast<int>(hi.y), static_cast<int>(hi.z), static_cast<int>(hi.w)};
+        int dot = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot = __dp4a(w[i], x.w[i], dot);
+        return h2f(reinterpret_cast<const er_half*>(chunk + 32 * n)[u]) * x.d * static_cast<float>(dot);
+    }
+};
+
+// Q4_K: a unit's 32 nibbles as Q4_0's 16 bytes (low nibbles elements 0..15, high ones 16..31),
+// its 6-bit scale and min as two bytes, the block's d and dmin per block.
+template <>
+struct Packed<TensorType::Q4_K> {
+    static constexpr bool kPacks = true;
+    static constexpr int bytes(int n) { return 18 * n + 4 * (n / 8); }
+    struct Unit {
+        uint4 q;
+        uint16_t sm;     // scale | min << 8
+        uint32_t dmin;   // the block's d and dmin (as stored)
+    };
+    static __device__ Unit load(const uint8_t* raw, int u) {
+        const block_q4_K& b = reinterpret_cast<const block_q4_K*>(raw)[u / 8];
+        const int j = u % 8, shift = 4 * (j % 2);
+        int sc, m;
+        k_scale_min(b.scales, j, &sc, &m);
+        uint32_t q[8];
+        words_aligned(b.qs + (j / 2) * 32, q);
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = (q[i] >> shift & 0x0F0F0F0Fu) | (q[i + 4] >> shift & 0x0F0F0F0Fu) << 4;
+        return {make_uint4(w[0], w[1], w[2], w[3]), static_cast<uint16_t>(sc | m << 8), *reinterpret_cast<const uint32_t*>(&b.d)};
+    }
+    static __device__ void store(uint8_t* chunk, int n, int u, const Unit& v) {
+        reinterpret_cast<uint4*>(chunk)[u] = v.q;
+        reinterpret_cast<uint16_t*>(chunk + 16 * n)[u] = v.sm;
+        if (u % 8 == 0) reinterpret_cast<uint32_t*>(chunk + 18 * n)[u / 8] = v.dmin;
+    }
+    static __device__ float dot(const uint8_t* chunk, int n, int u, const XUnit& x) {
+        const uint4 q = reinterpret_cast<const uint4*>(chunk)[u];
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+        const int sm = reinterpret_cast<const uint16_t*>(chunk + 16 * n)[u];
+        const er_half* d = reinterpret_cast<const er_half*>(chunk + 18 * n) + 2 * (u / 8);  // d, dmin
+        const int dot = nibble_dot<false>(w, 0, x);
+        return x.d * (h2f(d[0]) * static_cast<float>((sm & 0xFF) * dot) - h2f(d[1]) * static_cast<float>((sm >> 8) * x.sum));
+    }
+};
+
+// Q6_K: a unit's 32 weights as signed bytes (q − 32), its two scales as two bytes, the block's d
+// per block. The raw dot's integer sum without its offsets: the same integer.
+template <>
+struct Packed<TensorType::Q6_K> {
+    static constexpr bool kPacks = true;
+    static constexpr int bytes(int n) { return 34 * n + 4 * (n / 8); }
+    struct Unit {
+        uint4 q[2];
+        uint16_t scales;  // s0 | s1 << 8 (the bytes as stored)
+        er_half d;
+    };
+    static __device__ Unit load(const uint8_t* raw, int u) {
+        const block_q6_K& b = reinterpret_cast<const block_q6_K*>(raw)[u / 8];
+        const int j = u % 8, h = j / 4, s = j % 4, shift = 4 * (s / 2);
+        uint32_t ql[8], qh[8], w[8];
+        words(b.ql + h * 64 + (s % 2) * 32, ql);
+        words(b.qh + h * 32, qh);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = __vsub4((ql[i] >> shift & 0x0F0F0F0Fu) | (qh[i] >> (2 * s) & 0x03030303u) << 4, 0x20202020u);
+        const uint16_t scales = static_cast<uint16_t>(static_cast<uint8_t>(b.scales[h * 8 + s * 2]) | static_cast<uint8_t>(b.scales[h * 8 + s * 2 + 1]) << 8);
+        return {{make_uint4(w[0], w[1], w[2], w[3]), make_uint4(w[4], w[5], w[6], w[7])}, scales, b.d};
+    }
+    static __device__ void store(uint8_t* chunk, int n, int u, const Unit& v) {
+        reinterpret_cast<uint4*>(chunk)[2 * u] = v.q[0];
+        reinterpret_cast<uint4*>(chunk)[2 * u + 1] = v.q[1];
+        reinterpret_cast<uint16_t*>(chunk + 32 * n)[u] = v.scales;
+        if (u % 8 == 0) reinterpret_cast<er_half*>(chunk + 34 * n)[2 * (u / 8)] = v.d;
+    }
+    static __device__ float dot(const uint8_t* chunk, int n, int u, const XUnit& x) {
+        const uint4 lo = reinterpret_cast<const uint4*>(chunk)[2 * u], hi = reinterpret_cast<const uint4*>(chunk)[2 * u + 1];
+        const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        const int2 d = half_dots([&](int i) { return static_cast<int>(w[i]); }, x);
+        const int scales = reinterpret_cast<const uint16_t*>(chunk + 32 * n)[u];
+        const int dot = static_cast<int8_t>(scales & 0xFF) * d.x + static_cast<int8_t>(scales >> 8) * d.y;
+        return h2f(reinterpret_cast<const er_half*>(chunk + 34 * n)[2 * (u / 8)]) * x.d * static_cast<float>(dot);
+    }
+};
+
 }  // namespace edgerunner::cuda
