@@ -386,6 +386,7 @@ template <class K1, class K2>
 struct StagedPair {
     // (registers as the single kernels': three blocks per SM, as their shared memory allows)
     static constexpr int kBlockThreads = 32 * K1::kWarps, kMinBlocks = 3;
+    static constexpr size_t kWeightSmem = std::max(K1::kWeightSmem, K2::kWeightSmem);
     struct Args {
         GemvArgs a1, a2;
         int64_t blocks1;
@@ -523,10 +524,17 @@ int64_t staged_blocks(const GemvArgs& a, int block_warps) {
     return (warps + block_warps - 1) / block_warps;
 }
 
+// A staged kernel K (or a pair of them) allowed the shared memory of its widest rows, once: before
+// its first launch, and before the occupancy calculator is asked about it (which counts on that).
 template <class K>
-Launch staged(const GemvArgs& a) {
+void allow_staged_smem() {
     static const bool sized = allow_smem<K>(K::kWeightSmem + kMaxStagedCols / 32 * 3 * sizeof(int4));
     (void)sized;
+}
+
+template <class K>
+Launch staged(const GemvArgs& a) {
+    allow_staged_smem<K>();
     return make_launch<K>(dim3(static_cast<unsigned>(staged_blocks(a, K::kWarps))), dim3(32 * K::kWarps), a, K::smem(a));
 }
 
@@ -543,6 +551,7 @@ bool packs(int64_t blocks, size_t smem, int64_t cols) {
         const char* env = std::getenv("EDGERUNNER_CUDA_PACK");
         return !(env && std::string(env) == "0");
     }();
+    allow_staged_smem<K>();
     return enabled && cols / 32 <= kRing * S::kChunkUnits && blocks <= static_cast<int64_t>(blocks_per_sm<K>(32 * S::kWarps, smem)) * sm_count();
 }
 
@@ -560,8 +569,7 @@ template <class K1, class K2>
 Launch staged_pair(const GemvArgs& a1, const GemvArgs& a2) {
     using P = StagedPair<K1, K2>;
     static_assert(K1::kWarps == K2::kWarps, "one block size");
-    static const bool sized = allow_smem<P>(std::max(K1::kWeightSmem, K2::kWeightSmem) + kMaxStagedCols / 32 * 3 * sizeof(int4));
-    (void)sized;
+    allow_staged_smem<P>();
     const int64_t b1 = staged_blocks(a1, K1::kWarps), b2 = staged_blocks(a2, K2::kWarps);
     return make_launch<P>(dim3(static_cast<unsigned>(b1 + b2)), dim3(32 * K1::kWarps), typename P::Args{a1, a2, b1},
                           std::max(K1::smem(a1), K2::smem(a2)));
