@@ -343,15 +343,15 @@ struct QuantDot<TensorType::Q6_K> {
     }
 };
 
-// The staged GEMV's packed chunks (GemvStaged in a grid of one wave: GemvArgs::pack). Such a
-// block's first chunks land in shared memory long before its input is ready. While it waits, each
-// warp rewrites them from raw blocks into aligned fields, so that the dot after the wait reads a
-// unit's quants with 16-byte loads and its scales from arrays of their own: no funnel shifts, no
-// bank conflicts, fewer shared-memory wavefronts (what the dots of a one-wave GEMV wait on:
-// bench/NOTES.md, sixteenth CUDA session). A packed chunk of n units: unit u's quants at
-// [kQuantBytes·u], a 16-bit field per unit at [n·kQuantBytes + 2u], and for the K-quants a
-// 32-bit field per block at [n·(kQuantBytes + 2) + 4·(u / 8)]. dot() is the raw dot's arithmetic:
-// the same bits. Formats without it: kPacks = false (their chunks stay raw).
+// The staged GEMV's packed chunks (GemvStaged's kPack: a grid of one wave whose rows fit in its
+// ring). Such a block's chunks land in shared memory long before its input is ready. While it
+// waits, each warp rewrites them from raw blocks into aligned fields, so that the dot after the
+// wait reads a unit's quants with 16-byte loads and its scales from arrays of their own: no funnel
+// shifts, no bank conflicts, fewer shared-memory wavefronts (what the dots of a one-wave GEMV wait
+// on: bench/NOTES.md, sixteenth CUDA session). A packed chunk of n units (bytes(n) in all): unit u's
+// quants at [q·u] (q = 16 bytes for the 4-bit formats, 32 for Q8_0 and Q6_K), a 16-bit field per
+// unit at [n·q + 2u], and for the K-quants a 32-bit field per block at [n·(q + 2) + 4·(u / 8)].
+// dot() is the raw dot's arithmetic: the same bits. Formats without it: kPacks = false.
 template <TensorType T>
 struct Packed {
     static constexpr bool kPacks = false;
@@ -422,8 +422,8 @@ struct Packed<TensorType::Q4_K> {
     static constexpr int bytes(int n) { return 18 * n + 4 * (n / 8); }
     struct Unit {
         uint4 q;
-        uint16_t sm;     // scale | min << 8
-        uint32_t dmin;   // the block's d and dmin (as stored)
+        uint16_t sm;      // scale | min << 8
+        uint32_t d_dmin;  // the block's d and dmin (as stored)
     };
     static __device__ Unit load(const uint8_t* raw, int u) {
         const block_q4_K& b = reinterpret_cast<const block_q4_K*>(raw)[u / 8];
@@ -440,7 +440,7 @@ struct Packed<TensorType::Q4_K> {
     static __device__ void store(uint8_t* chunk, int n, int u, const Unit& v) {
         reinterpret_cast<uint4*>(chunk)[u] = v.q;
         reinterpret_cast<uint16_t*>(chunk + 16 * n)[u] = v.sm;
-        if (u % 8 == 0) reinterpret_cast<uint32_t*>(chunk + 18 * n)[u / 8] = v.dmin;
+        if (u % 8 == 0) reinterpret_cast<uint32_t*>(chunk + 18 * n)[u / 8] = v.d_dmin;
     }
     static __device__ float dot(const uint8_t* chunk, int n, int u, const XUnit& x) {
         const uint4 q = reinterpret_cast<const uint4*>(chunk)[u];
