@@ -105,9 +105,10 @@ struct Gemv {
 // three chunks per row are in flight while one is computed, and a lane takes a whole unit of the
 // chunk (kPerLane of them) out of shared memory. Global loads are thus full-width and coalesced
 // whatever the block size (18 to 210 bytes), and the first chunks are requested before the
-// kernel waits for its input. Instruction issue was this kernel's limit (bench/NOTES.md): chunks
-// of one or two units per lane keep the ring's bookkeeping small beside the dot products, and
-// the weights are read by shared (not generic) loads.
+// kernel waits for its input. Instruction issue and shared-memory wavefronts limit the dots
+// (bench/NOTES.md): chunks of one or two units per lane keep the ring's bookkeeping small beside
+// the dot products, the weights are read by shared (not generic) loads, and where every chunk is
+// staged before the wait the block packs them meanwhile (kPack below).
 constexpr int kStagedWarps = 8;
 constexpr int64_t kMaxStagedCols = 65536;  // activations of up to this many columns in shared memory (96 KiB)
 constexpr int kRing = 3;                   // chunk buffers per row
@@ -180,7 +181,9 @@ constexpr int fold_passes(int warps) { return static_cast<int>(kMaxFoldCols / 4 
 // also written as int8 for the down projection, GemvArgs::xq_out: a block of 32 warps holds the
 // 32 rows of a block of values and quantizes them, the quantize kernel's arithmetic; rows of one
 // chunk, so each warp's ring is one buffer), kNorm (an RMSNorm folded in: GemvArgs::norm,
-// stage_normed; a variant of its own, so that the others keep their registers).
+// stage_normed; a variant of its own, so that the others keep their registers), kPack (the chunks
+// rewritten into aligned fields while the block waits for its input, quant_dot.cuh's Packed: a
+// grid of one wave whose rows fit in the ring, `packs`).
 struct Bounds1024 {
     static constexpr int kBlockThreads = 1024, kMinBlocks = 1;
 };
