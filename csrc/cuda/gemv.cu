@@ -495,16 +495,23 @@ bool rows_wanted(const GemvArgs& a) {
 }
 
 // The blocks of kernel K (of `threads` threads, `smem` bytes of shared memory) an SM holds at once,
-// asked once per shared-memory size (eager dispatch builds its launches every step).
+// asked once per shared-memory size: the last eight sizes kept, as a model's launches of one kernel
+// take a few (eager dispatch builds its launches every step).
 template <class K>
 int blocks_per_sm(int threads, size_t smem) {
-    thread_local size_t asked = 0;
-    thread_local int per_sm = 1;
-    if (smem != asked) {
-        ER_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, value_entry<K>(), threads, smem));
-        per_sm = std::max(per_sm, 1);
-        asked = smem;
-    }
+    struct Asked {
+        size_t smem;
+        int per_sm;
+    };
+    constexpr int kKept = 8;
+    thread_local Asked asked[kKept];
+    thread_local int n_asked = 0;
+    for (int i = 0; i < std::min(n_asked, kKept); ++i)
+        if (asked[i].smem == smem) return asked[i].per_sm;
+    int per_sm = 1;
+    ER_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, value_entry<K>(), threads, smem));
+    per_sm = std::max(per_sm, 1);
+    asked[n_asked++ % kKept] = {smem, per_sm};
     return per_sm;
 }
 

@@ -323,7 +323,16 @@ struct QuantDot<TensorType::Q3_K> {
 
 // Q6_K: unit j = h·4 + s of a super-block (210 bytes: 2-byte aligned) has its low four bits in
 // ql[h·64 + (s % 2)·32 ..] (shifted by 4·(s / 2)), its high two in qh[h·32 ..] (shifted by
-// 2·s), and two integer scales, one per 16 elements; weights are q − 32.
+// 2·s), and two integer scales, one per 16 elements; weights are q − 32. q6_k_words: the unit's
+// 6-bit q as eight words of bytes (elements 4i..4i+3 in word i).
+__device__ __forceinline__ void q6_k_words(const block_q6_K& b, int j, uint32_t (&w)[8]) {
+    const int h = j / 4, s = j % 4, shift = 4 * (s / 2);
+    uint32_t ql[8], qh[8];
+    words(b.ql + h * 64 + (s % 2) * 32, ql);
+    words(b.qh + h * 32, qh);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = (ql[i] >> shift & 0x0F0F0F0Fu) | (qh[i] >> (2 * s) & 0x03030303u) << 4;
+}
 template <>
 struct QuantDot<TensorType::Q6_K> {
     static constexpr bool kFast = true;
@@ -332,11 +341,9 @@ struct QuantDot<TensorType::Q6_K> {
     static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
         const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
         const int j = static_cast<int>(u % 8), h = j / 4, s = j % 4;
-        uint32_t ql[8], qh[8];
-        words(b.ql + h * 64 + (s % 2) * 32, ql);
-        words(b.qh + h * 32, qh);
-        const int shift = 4 * (s / 2);
-        const int2 d = half_dots([&](int i) { return static_cast<int>((ql[i] >> shift & 0x0F0F0F0F) | (qh[i] >> (2 * s) & 0x03030303) << 4); }, x);
+        uint32_t w[8];
+        q6_k_words(b, j, w);
+        const int2 d = half_dots([&](int i) { return static_cast<int>(w[i]); }, x);
         const int s0 = b.scales[h * 8 + s * 2], s1 = b.scales[h * 8 + s * 2 + 1];
         const int dot = s0 * (d.x - 32 * x.sum_lo) + s1 * (d.y - 32 * (x.sum - x.sum_lo));
         return h2f(b.d) * x.d * static_cast<float>(dot);
@@ -465,12 +472,11 @@ struct Packed<TensorType::Q6_K> {
     };
     static __device__ Unit load(const uint8_t* raw, int u) {
         const block_q6_K& b = reinterpret_cast<const block_q6_K*>(raw)[u / 8];
-        const int j = u % 8, h = j / 4, s = j % 4, shift = 4 * (s / 2);
-        uint32_t ql[8], qh[8], w[8];
-        words(b.ql + h * 64 + (s % 2) * 32, ql);
-        words(b.qh + h * 32, qh);
+        const int j = u % 8, h = j / 4, s = j % 4;
+        uint32_t w[8];
+        q6_k_words(b, j, w);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) w[i] = __vsub4((ql[i] >> shift & 0x0F0F0F0Fu) | (qh[i] >> (2 * s) & 0x03030303u) << 4, 0x20202020u);
+        for (int i = 0; i < 8; ++i) w[i] = __vsub4(w[i], 0x20202020u);
         const uint16_t scales = static_cast<uint16_t>(static_cast<uint8_t>(b.scales[h * 8 + s * 2]) | static_cast<uint8_t>(b.scales[h * 8 + s * 2 + 1]) << 8);
         return {{make_uint4(w[0], w[1], w[2], w[3]), make_uint4(w[4], w[5], w[6], w[7])}, scales, b.d};
     }
