@@ -45,16 +45,18 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
     done by the GEMVs of Q, K and V as they store them (one token, llama's adjacent pairs), and
     whether gate·up's int8 copy comes from the quantize kernel or from its own GEMV (one token),
     and whether a V of another format than Q and K (Q4_K_M's Q6_K layer) is its own launch or
-    shares theirs (one token: StagedPair), and whether an RMSNorm is a kernel of its own that
-    writes the int8 copy (steps of several tokens) or folded into the one-token GEMVs that read
-    it, each block normalizing the row itself with another block size (GemvArgs::norm: Q·K·V,
-    gate·up and the LM head of the small models, whose 20000 short rows in the long-head model
-    take the short-row kernel, GemvRows; only the LM head in the wide and odd models, whose
-    other grids would read more than the fold's budget). The wide models (rows of 2048 values,
+    shares theirs (one token: StagedPair), and whether an RMSNorm's int8 copy comes from a norm
+    kernel (steps of several tokens), or in one-token steps from the GEMV that adds the residual
+    before it, a unit at a time, read by GEMVs that scale each unit by the row's 1/rms
+    (GemvArgs::norm_out and xq_ss: every norm after the first layer's, the final one too), or
+    from the one-token GEMVs that read it, each block normalizing the row itself with another
+    block size (GemvArgs::norm: the small models' first norm; the wide and odd models' grids
+    would read more than the fold's budget). The long-head model's 20000 short LM-head rows
+    take the short-row kernel, GemvRows. The wide models (rows of 2048 values,
     heads of 128, 8192 gate·up rows: more blocks of 32 than a GPU has SMs, so their one-token
     steps quantize the down projection's input with the quantize kernel too) stream whole
-    chunks of their rows through the GEMVs' rings (the down projection four a row) and take the
-    norm kernel's 512 threads (the folded norm's blocks have 256); Q4_K_M's Q6_K layer runs its
+    chunks of their rows through the GEMVs' rings (the down projection four a row), and their
+    first norm is the norm kernel's 512 threads (the folded norm's blocks have 256); Q4_K_M's Q6_K layer runs its
     Q·K + V pair there. The odd model's rows of 66 units end in a chunk of two, and its 33 query
     heads on 3 KV heads make sets of 4, 4 and 3 per group in the decode attention.
     (From 16 tokens on, prefill takes the tensor-core GEMM, on bf16 weights and activations,

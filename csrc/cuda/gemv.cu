@@ -126,10 +126,22 @@ __device__ __forceinline__ XUnit staged_x(int4* xs, int n_units, int u) {
     return XUnit{{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}, ds.y, x_sum_lo(xs, n_units)[u], __int_as_float(ds.x)};
 }
 
+// a.xq's int8 units as the GEMV reads them (a norm's copy from GemvNormOut: d' scaled by the 1/rms
+// of a.xq_ss, every warp working it out itself; all lanes call this).
+__device__ __forceinline__ float input_scale(const GemvArgs& a, int n_units) {
+    return a.xq_ss ? units_rms_scale(a.xq_ss, n_units, a.cols, a.xq_eps) : 1.0f;
+}
+__device__ __forceinline__ XUnit input_unit(const GemvArgs& a, int u, float scale) {
+    XUnit x = load_x(a.xq[u]);
+    if (a.xq_ss) x.d *= scale;
+    return x;
+}
+
 // a.xq's int8 units into that layout, by the whole block (then its barrier).
 __device__ __forceinline__ void stage_q8(const GemvArgs& a, int4* xs, int n_units) {
+    const float scale = input_scale(a, n_units);
     for (int u = threadIdx.x; u < n_units; u += blockDim.x) {
-        const XUnit x = load_x(a.xq[u]);
+        const XUnit x = input_unit(a, u, scale);
         xs[u] = make_int4(x.w[0], x.w[1], x.w[2], x.w[3]);
         xs[n_units + u] = make_int4(x.w[4], x.w[5], x.w[6], x.w[7]);
         x_ds(xs, n_units)[u] = make_int2(__float_as_int(x.d), x.sum);
@@ -156,7 +168,7 @@ __device__ __forceinline__ void stage_normed(const GemvArgs& a, const float4 (&g
         const int i = threadIdx.x + k * blockDim.x;
         if (i - threadIdx.x % 32 >= n4) break;  // (the warp's lanes together; a unit's eight all in or all out)
         float d;
-        const int word = static_cast<int>(quantize4(normed4(v[k], scale, g[k]), d));
+        const int word = static_cast<int>(quantize_normed4(v[k], g[k], d));
         // the unit's sums of its bytes: the first four words', then all eight
         int lo = __dp4a(kOnes, word, 0);
         lo += __shfl_xor_sync(0xFFFFFFFFu, lo, 1);
@@ -165,7 +177,7 @@ __device__ __forceinline__ void stage_normed(const GemvArgs& a, const float4 (&g
         if (i < n4) {
             const int u = i / 8, j = i % 8;
             words[4 * (j < 4 ? u : n_units + u) + j % 4] = word;
-            if (j == 0) x_ds(xs, n_units)[u] = make_int2(__float_as_int(d), sum), x_sum_lo(xs, n_units)[u] = lo;
+            if (j == 0) x_ds(xs, n_units)[u] = make_int2(__float_as_int(d * scale), sum), x_sum_lo(xs, n_units)[u] = lo;
         }
     }
     __syncthreads();
@@ -183,20 +195,27 @@ constexpr int fold_passes(int warps) { return static_cast<int>(kMaxFoldCols / 4 
 // chunk, so each warp's ring is one buffer), kNorm (an RMSNorm folded in: GemvArgs::norm,
 // stage_normed; a variant of its own, so that the others keep their registers), kPack (the chunks
 // rewritten into aligned fields while the block waits for its input, quant_dot.cuh's Packed: a
-// grid of one wave whose rows fit in the ring, `packs`).
+// grid of one wave whose rows fit in the ring, `packs`), kNormOut (GemvArgs::norm_out: blocks of
+// 16 warps, whose 32 rows of the residual are one unit of its norm's int8 copy, quantized by warp
+// 0 once the block's rows are stored).
 struct Bounds1024 {
     static constexpr int kBlockThreads = 1024, kMinBlocks = 1;
 };
 struct Bounds256x3 {  // (kNorm's registers: still three blocks an SM, as the others get unbounded)
     static constexpr int kBlockThreads = 256, kMinBlocks = 3;
 };
+struct Bounds512 {
+    static constexpr int kBlockThreads = 512, kMinBlocks = 1;
+};
 struct NoBounds {};
 
-template <TensorType T, bool kRope, bool kQuantOut = false, bool kNorm = false, bool kPack = false>
-struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, std::conditional_t<kNorm, Bounds256x3, NoBounds>> {
+template <TensorType T, bool kRope, bool kQuantOut = false, bool kNorm = false, bool kPack = false, bool kNormOut = false>
+struct GemvStaged
+    : std::conditional_t<kQuantOut, Bounds1024, std::conditional_t<kNorm, Bounds256x3, std::conditional_t<kNormOut, Bounds512, NoBounds>>> {
     using Args = GemvArgs;
     using D = QuantDot<T>;
-    static constexpr int kWarps = kQuantOut ? 32 : kStagedWarps;
+    static_assert(!kNormOut || (!kRope && !kQuantOut && !kNorm), "the norm's copy: of a plain GEMV added to the residual");
+    static constexpr int kWarps = kQuantOut ? 32 : kNormOut ? 16 : kStagedWarps;
     static constexpr int kBuffers = kQuantOut ? 1 : kRing;  // a warp's ring (one chunk per row: one)
     static constexpr int kBlockBytes = sizeof(typename D::Block);
     static constexpr int kPerLane = 64 / D::kUnits * kBlockBytes <= kMaxChunkBytes ? 2 : 1;
@@ -267,8 +286,10 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, std::conditional_t
                     if (const float* b = field(a, part[s], &GemvPart::bias)) bias[s] = b[r[s]];
                     out[s] = field(a, part[s], &GemvPart::y) + r[s];
                 }
-        float4 g[fold_passes(kWarps)];  // (kNorm: the norm's weight, before the wait)
+        float4 g[kNorm ? fold_passes(kWarps) : 1];  // (kNorm: the norm's weight, before the wait)
         if constexpr (kNorm) load_row(reinterpret_cast<const float4*>(a.norm.w), n_units * 8, g);
+        float4 g_out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // (kNormOut: warp 0's lanes 0-7, the weight of the block's rows)
+        if (kNormOut && warp == 0 && lane < 8) g_out = reinterpret_cast<const float4*>(a.norm_out.w + 32 * block)[lane];
         // RoPE (GemvRope): the warp's two rows are a pair (2i, 2i + 1) of one head, its angle
         // computed now; the cache slot of the step's position
         float cs = 1.0f, sn = 0.0f;
@@ -352,6 +373,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, std::conditional_t
             if (warp == 0) quantize_block(gated_out[lane], a.xq_out[block], lane);
             return;
         }
+        float stored[kSlots] = {};  // (kNormOut: lane 0's values of the residual)
         if (lane == 0 && row[0]) {
             if (gated) {
                 a.part[0].y[r[0]] = gate_act(a.glu, v0) * v1;
@@ -367,12 +389,30 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024, std::conditional_t
 #pragma unroll
                 for (int s = 0; s < kSlots; ++s) {
                     if (!row[s]) continue;
-                    *out[s] = a.accumulate ? residual[s] + v[s] : v[s];
+                    *out[s] = stored[s] = a.accumulate ? residual[s] + v[s] : v[s];
                     if (kRope && slot[s]) {
                         if (a.rope.f16) Kv<KvType::F16>::store1(slot[s], r[s], v[s]);
                         else Kv<KvType::F32>::store1(slot[s], r[s], v[s]);
                     }
                 }
+            }
+        }
+        if constexpr (kNormOut) {  // (rows a multiple of 32: every row of the block is there)
+            __shared__ float4 unit[8];
+            if (lane == 0)
+#pragma unroll
+                for (int s = 0; s < kSlots; ++s) reinterpret_cast<float*>(unit)[kSlots * warp + s] = stored[s];
+            __syncthreads();
+            if (warp == 0) {  // the unit's eight float4s in lanes 0-7, as the norm kernel holds them
+                const float4 v = lane < 8 ? unit[lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                float ss = squares4(v);
+#pragma unroll
+                for (int offset = 1; offset < 8; offset *= 2) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, offset);
+                float d;
+                const uint32_t word = quantize_normed4(v, g_out, d);
+                QBlock& q = a.norm_out.q[block];
+                if (lane < 8) *reinterpret_cast<uint32_t*>(q.q + 4 * lane) = word;
+                if (lane == 0) q.d = d, a.norm_out.ss[block] = ss;
             }
         }
     }
@@ -448,8 +488,9 @@ struct GemvRows {
             int4* xs = reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(smem) + ring_bytes(a));
             stage_normed(a, g, xs, n_units);
             if (lane < n_units) x = staged_x(xs, n_units, lane);
-        } else if (lane < n_units) {
-            x = load_x(a.xq[lane]);
+        } else {
+            const float scale = input_scale(a, n_units);
+            if (lane < n_units) x = input_unit(a, lane, scale);
         }
         const float* bias = a.part[0].bias;
         float* y = a.part[0].y;
@@ -575,6 +616,17 @@ Launch staged_one(const GemvArgs& a) {
     return staged<GemvStaged<T, kRope, false, kNorm>>(a);
 }
 
+// The one-token staged GEMV that also writes its residual's norm's int8 copy (kNormOut): packed
+// where its format has that and `packs`.
+template <TensorType T>
+Launch staged_norm_out(const GemvArgs& a) {
+    if constexpr (Packed<T>::kPacks) {
+        using K = GemvStaged<T, false, false, false, true, true>;
+        if (packs<K, K>(staged_blocks(a, K::kWarps), K::smem(a), a.cols)) return staged<K>(a);
+    }
+    return staged<GemvStaged<T, false, false, false, false, true>>(a);
+}
+
 template <class K1, class K2>
 Launch staged_pair(const GemvArgs& a1, const GemvArgs& a2) {
     using P = StagedPair<K1, K2>;
@@ -613,6 +665,7 @@ Launch launch(const GemvArgs& a) {
         if constexpr (QuantDot<T>::kFast) {
             const bool norm = a.norm.x != nullptr;
             if (a.xq_out) return norm ? staged<GemvStaged<T, false, true, true>>(a) : staged<GemvStaged<T, false, true>>(a);
+            if (a.norm_out.w) return staged_norm_out<T>(a);
             if (rows_wanted(a)) return norm ? rows_launch<T, true>(a) : rows_launch<T, false>(a);
             if (a.rope.pos0) return norm ? staged_one<T, true, true>(a) : staged_one<T, true, false>(a);
             return norm ? staged_one<T, false, true>(a) : staged_one<T, false, false>(a);
@@ -785,6 +838,15 @@ bool gemv_folds_norm(TensorType type, const GemvArgs& a) {
     return budget == std::numeric_limits<int64_t>::max() || blocks * a.cols * 4 <= budget;
 }
 
+bool gemv_norms_out(TensorType type, const GemvArgs& a) {
+    static const bool enabled = [] {
+        const char* env = std::getenv("EDGERUNNER_CUDA_NORM_OUT");
+        return !(env && std::string(env) == "0");
+    }();
+    return enabled && gemv_wants_q8(type) && a.n_tokens == 1 && a.n_parts == 1 && a.glu == Glu::None && a.accumulate && !a.rope.pos0 &&
+           !a.xq_out && !a.norm.x && a.part[0].rows % 32 == 0 && !rows_wanted(a);
+}
+
 bool gemv_ropes(TensorType type, const GemvArgs& a) {
     return gemv_wants_q8(type) && a.n_tokens == 1 && a.glu == Glu::None;
 }
@@ -808,6 +870,9 @@ Launch gemv(TensorType type, const GemvArgs& args) {
     if (args.rope.pos0 && !gemv_ropes(type, args)) throw std::logic_error("only the one-token GEMV of an int8 format stores RoPE'd Q, K and V");
     if (args.xq_out && !gemv_quantizes_out(type, args)) throw std::logic_error("this GEMV cannot write an int8 copy of its output");
     if (args.norm.x && !gemv_folds_norm(type, args)) throw std::logic_error("this GEMV cannot fold an RMSNorm in (gemv_folds_norm)");
+    if (args.norm_out.w && !gemv_norms_out(type, args)) throw std::logic_error("this GEMV cannot write its residual's norm (gemv_norms_out)");
+    if (args.xq_ss && !(gemv_wants_q8(type) && args.n_tokens == 1 && !args.norm.x))
+        throw std::logic_error("only a one-token GEMV of an int8 format reads a norm's copy written unit by unit (xq_ss)");
     if (gemm_takes(type, args.n_tokens)) {
         if (!args.xh || reinterpret_cast<uintptr_t>(args.xh) % 16 != 0 || args.xh_stride % 8 != 0)
             throw std::logic_error("the tensor-core GEMM reads bf16 activations whose rows start on 16-byte boundaries");

@@ -50,6 +50,17 @@ struct GemvNorm {
     float eps = 0.0f;
 };
 
+// The int8 copy of the RMSNorm of the residual a one-token GEMV adds to (gemv_norms_out), written
+// by that GEMV as it stores the residual: each block's 32 rows are one unit of the norm's row,
+// quantized before the row's 1/rms is known (rms_norm.cuh, quantize_normed4): its bytes and
+// d' into q, its sum of squares into ss. The GEMVs that read the copy scale each d' by the 1/rms
+// of those sums (GemvArgs::xq_ss). No norm kernel runs.
+struct GemvNormOut {
+    const float* w = nullptr;  // the norm's weight (a value per row); null: none here
+    QBlock* q = nullptr;       // rows / 32 units
+    float* ss = nullptr;       // rows / 32 floats
+};
+
 // y = W x (+ bias), or y += that (accumulate: the residual), for up to three matrices of one
 // type that read the same input (Q, K, V). With a gate (glu != None) the two parts are the gate
 // and up matrices, and part 0's y receives act(gate · x) · (up · x): no UP rows in memory.
@@ -70,6 +81,11 @@ struct GemvArgs {
     GemvRope rope;
     QBlock* xq_out = nullptr;  // gated: also act(gate)·up as int8 blocks (gemv_quantizes_out)
     GemvNorm norm;             // one token: the input is norm(norm.x), computed here (gemv_folds_norm)
+    GemvNormOut norm_out;      // one token: also the int8 copy of the residual's norm (gemv_norms_out)
+    // one token: xq is a norm's copy written by GemvNormOut, each unit's d still to be scaled by
+    // the 1/rms of these sums of squares (cols / 32 floats) and the norm's eps
+    const float* xq_ss = nullptr;
+    float xq_eps = 0.0f;
 };
 
 // The rows a GEMV computes: its parts' together, or with a gate the gate's (each joined with its up row).
@@ -108,6 +124,10 @@ bool gemv_quantizes_out(TensorType type, const GemvArgs& args);
 // bench/NOTES.md, fourteenth CUDA session). EDGERUNNER_CUDA_FOLD_NORM=0 says never, =all always,
 // =N with N KiB (for measurements).
 bool gemv_folds_norm(TensorType type, const GemvArgs& args);
+// Whether args.norm_out can be given: one token of an int8 format (the staged kernel), one matrix
+// added to the residual (no gate, RoPE or int8 output), rows a multiple of 32 (its blocks hold 32).
+// EDGERUNNER_CUDA_NORM_OUT=0 says never (for measurements).
+bool gemv_norms_out(TensorType type, const GemvArgs& args);
 size_t qblock_bytes();
 
 struct QuantizeArgs {

@@ -66,11 +66,11 @@ struct RmsNorm {
             }
             if (a.q) {  // run i / 8 (rows a multiple of 32 wide: the eight threads are all in or all out)
                 float d;
-                const uint32_t word = quantize4(o, d);
+                const uint32_t word = quantize_normed4(v[k], g[k], d);  // (zeros past the row)
                 if (i < n4) {
                     QBlock& out = a.q[blockIdx.x * a.q_stride + i / 8];
                     *reinterpret_cast<uint32_t*>(out.q + 4 * (i % 8)) = word;
-                    if (i % 8 == 0) out.d = d;
+                    if (i % 8 == 0) out.d = d * scale;
                 }
             }
         }
@@ -166,6 +166,7 @@ Launch embed(TensorType type, const EmbedArgs& a) {
 
 Launch rms_norm(const NormArgs& a) {
     if (a.q && a.n % 32 != 0) throw std::invalid_argument("quantized RMSNorm rows must be a multiple of 32 wide");
+    if (a.q && a.accumulate) throw std::logic_error("an RMSNorm added into its output has no int8 copy");
     if (a.n % 4 != 0 || a.n > kRmsNormMaxCols)
         throw std::invalid_argument("the CUDA RMSNorm takes rows of a multiple of 4 values, up to " + std::to_string(kRmsNormMaxCols) +
                                     " (got " + std::to_string(a.n) + ")");

@@ -39,7 +39,7 @@ struct NormArgs {
     int64_t rows, n;
     float eps;
     bool accumulate;
-    QBlock* q;           // or null
+    QBlock* q;           // the output's int8 copy (rms_norm.cuh: quantize_normed4), or null
     int64_t q_stride;    // blocks between rows of q
 };
 Launch rms_norm(const NormArgs& a);

@@ -33,6 +33,16 @@ __device__ __forceinline__ void load_row(const float4* x, int n4, float4 (&v)[kP
     }
 }
 
+// 1 / rms of a row from its units' sums of squares (unit u's as block_rms_scale computes it), by
+// one warp: lane l adds units l, l + 32, ..., then the warp adds its lanes. Every lane gets the
+// same bits.
+__device__ __forceinline__ float units_rms_scale(const float* unit_ss, int n_units, int64_t n, float eps) {
+    float total = 0.0f;
+    for (int u = threadIdx.x % 32; u < n_units; u += 32) total += unit_ss[u];
+    total = warp_sum(total);
+    return 1.0f / sqrtf(total / static_cast<float>(n) + eps);
+}
+
 // 1 / rms of the row held in v (load_row), by the whole block; unit_ss: (n4 + 7) / 8 floats of
 // shared memory (a row of n % 32 != 0, as a head norm's may be, ends in a part unit: its lanes
 // past the row hold zeros). Every thread gets the same bits.
@@ -49,10 +59,7 @@ __device__ __forceinline__ float block_rms_scale(const float4 (&v)[kPasses], int
         if (i < n4 && i % 8 == 0) unit_ss[i / 8] = ss;
     }
     __syncthreads();
-    float total = 0.0f;
-    for (int u = lane; u < (n4 + 7) / 8; u += 32) total += unit_ss[u];
-    total = warp_sum(total);
-    return 1.0f / sqrtf(total / static_cast<float>(n) + eps);
+    return units_rms_scale(unit_ss, (n4 + 7) / 8, n, eps);
 }
 
 __device__ __forceinline__ float4 normed4(float4 v, float scale, float4 g) {
@@ -68,6 +75,16 @@ __device__ __forceinline__ uint32_t quantize4(float4 o, float& d) {
     for (int offset = 4; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
     d = m / 127.0f;
     return quantize_value(o.x, d) | quantize_value(o.y, d) << 8 | quantize_value(o.z, d) << 16 | quantize_value(o.w, d) << 24;
+}
+
+// The int8 copy of a normed row, a unit at a time: the unit's values v·g (times the norm's weight,
+// not yet its 1/rms) quantized by quantize4, d' = max|v·g| / 127, and the unit's scale then
+// d = d' · (1/rms). The bytes and d' need only the unit, not the whole row: the GEMV that writes
+// the residual quantizes its units as it stores them (GemvArgs::norm_out), and the GEMVs that read
+// them scale d once the row's sum of squares is known (GemvArgs::xq_ss). Every writer of a norm's
+// int8 copy goes through this, so all give the same bits.
+__device__ __forceinline__ uint32_t quantize_normed4(float4 v, float4 g, float& d_unscaled) {
+    return quantize4(make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w), d_unscaled);
 }
 
 }  // namespace edgerunner::cuda

@@ -4,8 +4,10 @@
 // (in a one-token step of llama-style RoPE, done by the Q, K and V GEMVs as they store their
 // rows: rope_folds); attention that quantizes its output; gate + up + activation as one GEMV
 // (in a small one-token step also writing the down projection's int8 input:
-// quantizes_for_next); the residual added by the GEMV that produces it), and each step becomes
-// one or two kernel launches (launch.cuh).
+// quantizes_for_next); the residual added by the GEMV that produces it, which in a one-token step
+// also writes the next RMSNorm's int8 copy unit by unit, so no norm kernel runs: norm_by_producer;
+// elsewhere in small one-token steps the norm folded into the GEMVs that read it: norm_folds), and
+// each step becomes one or two kernel launches (launch.cuh).
 // Per-step values (first position, tokens, sampling parameters) live in a device step block
 // that one copy from pinned memory fills, so the one-token step can be replayed unchanged:
 //   eager             the launches' arguments encoded and launched every step;
@@ -203,7 +205,9 @@ struct Step {
     int32_t readers[3] = {};    // Norm: the GEMV steps that read its output (all of int8 formats) ...
     int32_t n_readers = 0;      // ... and how many: none where the norm cannot be folded into them
     bool folded = false;        // Norm: folded into those GEMVs in one-token steps (norm_folds, decided at load)
-    int32_t norm_step = -1;     // Gemv: the Norm step whose output it reads, where that may fold in (norm_folds)
+    bool by_producer = false;   // Norm: its int8 copy written by the GEMV before it in one-token steps (norm_by_producer, at load)
+    int32_t norm_step = -1;     // Gemv: the Norm step whose output it reads, where that may fold in (norm_folds) or come
+                                //   from the GEMV before the norm (norm_by_producer)
 };
 
 class Runner final : public StepRunner {
@@ -248,8 +252,12 @@ public:
         logits_ = pinned_alloc<float>(static_cast<size_t>(c_.n_vocab) * sizeof(float));
         launches_.reserve(steps_.size() * 2 + 1);
         // (once the buffers' widths and the step block exist: one-token steps have one shape)
-        for (size_t k = 0; k < steps_.size(); ++k)
-            steps_[k].folded = norm_folds(k, reinterpret_cast<StepBlock*>(block_.get()));
+        qnorm_ = device_alloc<uint8_t>(static_cast<size_t>(c_.n_embd / 32) * qblock_bytes() + 256);
+        qnorm_ss_ = device_alloc<float>(static_cast<size_t>(c_.n_embd / 32));
+        for (size_t k = 0; k < steps_.size(); ++k) {
+            steps_[k].by_producer = norm_by_producer(k, reinterpret_cast<StepBlock*>(block_.get()));
+            steps_[k].folded = !steps_[k].by_producer && norm_folds(k, reinterpret_cast<StepBlock*>(block_.get()));
+        }
     }
     ~Runner() override {
         try {
@@ -401,6 +409,13 @@ private:
     // normalizes its input itself, gemv_folds_norm: no norm kernel runs; Step::folded, asked at
     // load), and what they are given.
     bool norm_folds(size_t k, StepBlock* b) const;
+    // Whether, in a one-token step, Norm step k's int8 copy is written by the GEMV step before it,
+    // which adds the residual the norm reads (gemv_norms_out: no norm kernel runs; Step::by_producer,
+    // asked at load), and read by the GEMVs after it from qnorm_.
+    bool norm_by_producer(size_t k, StepBlock* b) const;
+    GemvNormOut norm_out(size_t k) const {
+        return GemvNormOut{reinterpret_cast<const float*>((*w_)(steps_[k].op.weight)), reinterpret_cast<QBlock*>(qnorm_.get()), qnorm_ss_.get()};
+    }
     GemvNorm folded_norm(size_t k) const {
         return GemvNorm{row(steps_[k].op.in, 0), reinterpret_cast<const float*>((*w_)(steps_[k].op.weight)), c_.norm_eps};
     }
@@ -498,6 +513,8 @@ private:
     DevicePtr<uint8_t> qbuf_;            // int8 activations of one buffer, max_tokens rows
     DevicePtr<uint8_t> qglu_;            // one row: gate·up's int8 copy from its GEMV (quantizes_for_next; its
                                          // blocks finish while others still read their input from qbuf_)
+    DevicePtr<uint8_t> qnorm_;           // one row: a norm's int8 copy from the GEMV before it (by_producer; a buffer of
+    DevicePtr<float> qnorm_ss_;          // its own, as that GEMV reads qbuf_), and its units' sums of squares
     DevicePtr<uint16_t> hbuf_;           // bf16 activations of one buffer for the prefill GEMM, max_tokens rows
     DevicePtr<float> attn_partial_;      // the decode attention's partial results
     DevicePtr<int32_t> attn_done_;       // and its counters
@@ -637,6 +654,20 @@ bool Runner::norm_folds(size_t k, StepBlock* b) const {
     return true;
 }
 
+bool Runner::norm_by_producer(size_t k, StepBlock* b) const {
+    const Step& s = steps_[k];
+    if (s.kind != Step::Norm || s.n_readers == 0 || k == 0) return false;
+    const Step& p = steps_[k - 1];
+    if (p.kind != Step::Gemv || !p.op.accumulate || p.n_parts != 1 || p.glu != cuda::Glu::None || p.parts[0]->out != s.op.in ||
+        p.op.weight->rows != width(s.op.in) || width(s.op.in) != c_.n_embd)
+        return false;
+    for (int i = 0; i < s.n_readers; ++i)
+        if (steps_[static_cast<size_t>(s.readers[i])].op.weight->cols != width(s.op.in)) return false;
+    GemvArgs a = gemv_args(k - 1, 1, 0, b);
+    a.norm_out = norm_out(k);
+    return gemv_norms_out(p.op.weight->type, a);
+}
+
 // Two GEMV steps in a row on the same input in two formats (Q·K, then a V of another type): one
 // launch in a one-token step (where gemv_pairs takes their arguments).
 bool Runner::pairs_with_next(size_t k) const {
@@ -720,6 +751,12 @@ GemvArgs Runner::gemv_args(size_t k, int64_t n, int64_t first, StepBlock* b) con
         }
     }
     if (n == 1 && s.q8_for_next) a.xq_out = reinterpret_cast<QBlock*>(qglu_.get());
+    if (n == 1 && k + 1 < steps_.size() && steps_[k + 1].by_producer) a.norm_out = norm_out(k + 1);
+    if (n == 1 && s.norm_step >= 0 && steps_[static_cast<size_t>(s.norm_step)].by_producer) {
+        a.xq = reinterpret_cast<QBlock*>(qnorm_.get());
+        a.xq_ss = qnorm_ss_.get();
+        a.xq_eps = c_.norm_eps;
+    }
     return a;
 }
 
@@ -741,7 +778,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                                                                     row(Buf::X, 0), op.scale}));
                 break;
             case Step::Norm: {
-                if (n == 1 && s.folded) break;  // the GEMVs that read it normalize their input themselves
+                if (n == 1 && (s.folded || s.by_producer)) break;  // the GEMVs around it do its work
                 const bool q_out = s.q_out && !takes_gemm(k + 1, n - first);
                 push(Part::Norm, rms_norm(NormArgs{row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first),
                                                    n - first, width(op.in), c_.norm_eps, op.accumulate, q_out ? qrow(first) : nullptr,
