@@ -126,22 +126,31 @@ __device__ __forceinline__ XUnit staged_x(int4* xs, int n_units, int u) {
     return XUnit{{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}, ds.y, x_sum_lo(xs, n_units)[u], __int_as_float(ds.x)};
 }
 
-// a.xq's int8 units as the GEMV reads them (a norm's copy from GemvNormOut: d' scaled by the 1/rms
-// of a.xq_ss, every warp working it out itself; all lanes call this).
-__device__ __forceinline__ float input_scale(const GemvArgs& a, int n_units) {
-    return a.xq_ss ? units_rms_scale(a.xq_ss, n_units, a.cols, a.xq_eps) : 1.0f;
-}
-__device__ __forceinline__ XUnit input_unit(const GemvArgs& a, int u, float scale) {
-    XUnit x = load_x(a.xq[u]);
-    if (a.xq_ss) x.d *= scale;
-    return x;
+// Where a one-token GEMV's int8 input comes from, a variant of each kernel (as a runtime branch,
+// the scaling changed how the compiler scheduled every kernel's dots, and they ran up to 7 %
+// slower: bench/NOTES.md, seventeenth CUDA session): a.xq as it is
+// (Q8), an RMSNorm folded in (Norm: GemvArgs::norm), or a norm's copy written unit by unit by the
+// GEMV before it (Scaled: GemvArgs::xq_ss, each unit's d' scaled by the row's 1/rms).
+enum class In { Q8, Norm, Scaled };
+template <In kIn>
+using InputIs = std::integral_constant<In, kIn>;
+// f(InputIs<...>{}) for the input `a` has
+template <class F>
+auto by_input(const GemvArgs& a, F f) {
+    if (a.norm.x) return f(InputIs<In::Norm>{});
+    if (a.xq_ss) return f(InputIs<In::Scaled>{});
+    return f(InputIs<In::Q8>{});
 }
 
-// a.xq's int8 units into that layout, by the whole block (then its barrier).
+// a.xq's int8 units into that layout, by the whole block (then its barrier). A Scaled input (a
+// norm's copy from GemvNormOut): each unit's d' times the row's 1/rms, which every warp works
+// out itself from the units' sums of squares.
+template <In kIn>
 __device__ __forceinline__ void stage_q8(const GemvArgs& a, int4* xs, int n_units) {
-    const float scale = input_scale(a, n_units);
+    const float scale = kIn == In::Scaled ? units_rms_scale(a.xq_ss, n_units, a.cols, a.xq_eps) : 1.0f;
     for (int u = threadIdx.x; u < n_units; u += blockDim.x) {
-        const XUnit x = input_unit(a, u, scale);
+        XUnit x = load_x(a.xq[u]);
+        if (kIn == In::Scaled) x.d *= scale;
         xs[u] = make_int4(x.w[0], x.w[1], x.w[2], x.w[3]);
         xs[n_units + u] = make_int4(x.w[4], x.w[5], x.w[6], x.w[7]);
         x_ds(xs, n_units)[u] = make_int2(__float_as_int(x.d), x.sum);
@@ -192,8 +201,8 @@ constexpr int fold_passes(int warps) { return static_cast<int>(kMaxFoldCols / 4 
 // Variants: kRope (GemvRope: Q, K and V stored rotated and into the cache), kQuantOut (gate·up
 // also written as int8 for the down projection, GemvArgs::xq_out: a block of 32 warps holds the
 // 32 rows of a block of values and quantizes them, the quantize kernel's arithmetic; rows of one
-// chunk, so each warp's ring is one buffer), kNorm (an RMSNorm folded in: GemvArgs::norm,
-// stage_normed; a variant of its own, so that the others keep their registers), kPack (the chunks
+// chunk, so each warp's ring is one buffer), kIn (In::Norm: an RMSNorm folded in, GemvArgs::norm,
+// stage_normed, a variant of its own so that the others keep their registers; In::Scaled), kPack (the chunks
 // rewritten into aligned fields while the block waits for its input, quant_dot.cuh's Packed: a
 // grid of one wave whose rows fit in the ring, `packs`), kNormOut (GemvArgs::norm_out: blocks of
 // 16 warps, whose 32 rows of the residual are one unit of its norm's int8 copy, quantized by warp
@@ -209,12 +218,13 @@ struct Bounds512 {
 };
 struct NoBounds {};
 
-template <TensorType T, bool kRope, bool kQuantOut = false, bool kNorm = false, bool kPack = false, bool kNormOut = false>
-struct GemvStaged
-    : std::conditional_t<kQuantOut, Bounds1024, std::conditional_t<kNorm, Bounds256x3, std::conditional_t<kNormOut, Bounds512, NoBounds>>> {
+template <TensorType T, bool kRope, bool kQuantOut = false, In kIn = In::Q8, bool kPack = false, bool kNormOut = false>
+struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
+                                       std::conditional_t<kIn == In::Norm, Bounds256x3, std::conditional_t<kNormOut, Bounds512, NoBounds>>> {
     using Args = GemvArgs;
     using D = QuantDot<T>;
-    static_assert(!kNormOut || (!kRope && !kQuantOut && !kNorm), "the norm's copy: of a plain GEMV added to the residual");
+    static constexpr bool kNorm = kIn == In::Norm;
+    static_assert(!kNormOut || (!kRope && !kQuantOut && kIn == In::Q8), "the norm's copy: of a plain GEMV added to the residual");
     static constexpr int kWarps = kQuantOut ? 32 : kNormOut ? 16 : kStagedWarps;
     static constexpr int kBuffers = kQuantOut ? 1 : kRing;  // a warp's ring (one chunk per row: one)
     static constexpr int kBlockBytes = sizeof(typename D::Block);
@@ -334,7 +344,7 @@ struct GemvStaged
                 if (out[s]) residual[s] = *out[s];
         int4* xs = reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(smem) + kWeightSmem);
         if constexpr (kNorm) stage_normed(a, g, xs, n_units);
-        else stage_q8(a, xs, n_units);
+        else stage_q8<kIn>(a, xs, n_units);
         trace_mark(0);  // (the input staged)
 
         float sum[kSlots] = {};
@@ -453,8 +463,9 @@ constexpr int kRowsWarps = 8;
 constexpr int kRowsRing = 4;  // row pairs in flight per warp
 constexpr int64_t kRowsMinWaves = 3;  // where GemvStaged's grid is this many waves or more
 
-template <TensorType T, bool kNorm = false>
+template <TensorType T, In kIn = In::Q8>
 struct GemvRows {
+    static constexpr bool kNorm = kIn == In::Norm;
     using Args = GemvArgs;
     using D = QuantDot<T>;
     static constexpr int kBlockThreads = 32 * kRowsWarps, kMinBlocks = 3;
@@ -489,8 +500,9 @@ struct GemvRows {
             stage_normed(a, g, xs, n_units);
             if (lane < n_units) x = staged_x(xs, n_units, lane);
         } else {
-            const float scale = input_scale(a, n_units);
-            if (lane < n_units) x = input_unit(a, lane, scale);
+            const float scale = kIn == In::Scaled ? units_rms_scale(a.xq_ss, n_units, a.cols, a.xq_eps) : 1.0f;
+            if (lane < n_units) x = load_x(a.xq[lane]);
+            if (kIn == In::Scaled) x.d *= scale;
         }
         const float* bias = a.part[0].bias;
         float* y = a.part[0].y;
@@ -556,9 +568,9 @@ int blocks_per_sm(int threads, size_t smem) {
     return per_sm;
 }
 
-template <TensorType T, bool kNorm>
+template <TensorType T, In kIn>
 Launch rows_launch(const GemvArgs& a) {
-    using K = GemvRows<T, kNorm>;
+    using K = GemvRows<T, kIn>;
     static const bool sized = allow_smem<K>(smem_per_block());
     (void)sized;
     const int64_t pairs = (a.part[0].rows + 1) / 2;
@@ -579,12 +591,15 @@ int64_t staged_blocks(const GemvArgs& a, int block_warps) {
 // its first launch, and before the occupancy calculator is asked about it (which counts on that).
 template <class K>
 void allow_staged_smem() {
-    static const bool sized = allow_smem<K>(K::kWeightSmem + kMaxStagedCols / 32 * 3 * sizeof(int4));
+    static const bool sized = allow_smem<K>(std::min(K::kWeightSmem + kMaxStagedCols / 32 * 3 * sizeof(int4), smem_per_block()));
     (void)sized;
 }
 
 template <class K>
 Launch staged(const GemvArgs& a) {
+    if (K::smem(a) > smem_per_block())
+        throw std::invalid_argument("the CUDA GEMV of rows of " + std::to_string(a.cols) + " columns needs " + std::to_string(K::smem(a) >> 10) +
+                                    " KiB of shared memory a block; this GPU gives " + std::to_string(smem_per_block() >> 10));
     allow_staged_smem<K>();
     return make_launch<K>(dim3(static_cast<unsigned>(staged_blocks(a, K::kWarps))), dim3(32 * K::kWarps), a, K::smem(a));
 }
@@ -607,13 +622,13 @@ bool packs(int64_t blocks, size_t smem, int64_t cols) {
 }
 
 // The one-token staged GEMV (no int8 output): packed where its format has that and `packs`.
-template <TensorType T, bool kRope, bool kNorm>
+template <TensorType T, bool kRope, In kIn>
 Launch staged_one(const GemvArgs& a) {
     if constexpr (Packed<T>::kPacks) {
-        using K = GemvStaged<T, kRope, false, kNorm, true>;
+        using K = GemvStaged<T, kRope, false, kIn, true>;
         if (packs<K, K>(staged_blocks(a, K::kWarps), K::smem(a), a.cols)) return staged<K>(a);
     }
-    return staged<GemvStaged<T, kRope, false, kNorm>>(a);
+    return staged<GemvStaged<T, kRope, false, kIn>>(a);
 }
 
 // The one-token staged GEMV that also writes its residual's norm's int8 copy (kNormOut): packed
@@ -621,10 +636,10 @@ Launch staged_one(const GemvArgs& a) {
 template <TensorType T>
 Launch staged_norm_out(const GemvArgs& a) {
     if constexpr (Packed<T>::kPacks) {
-        using K = GemvStaged<T, false, false, false, true, true>;
+        using K = GemvStaged<T, false, false, In::Q8, true, true>;
         if (packs<K, K>(staged_blocks(a, K::kWarps), K::smem(a), a.cols)) return staged<K>(a);
     }
-    return staged<GemvStaged<T, false, false, false, false, true>>(a);
+    return staged<GemvStaged<T, false, false, In::Q8, false, true>>(a);
 }
 
 template <class K1, class K2>
@@ -638,17 +653,17 @@ Launch staged_pair(const GemvArgs& a1, const GemvArgs& a2) {
 }
 
 // The pair, packed where both formats have that and `packs` for both.
-template <TensorType T1, TensorType T2, bool kRope, bool kNorm>
+template <TensorType T1, TensorType T2, bool kRope, In kIn>
 Launch staged_pair(const GemvArgs& a1, const GemvArgs& a2) {
     if constexpr (Packed<T1>::kPacks && Packed<T2>::kPacks) {
-        using K1 = GemvStaged<T1, kRope, false, kNorm, true>;
-        using K2 = GemvStaged<T2, kRope, false, kNorm, true>;
+        using K1 = GemvStaged<T1, kRope, false, kIn, true>;
+        using K2 = GemvStaged<T2, kRope, false, kIn, true>;
         const int64_t blocks = staged_blocks(a1, K1::kWarps) + staged_blocks(a2, K2::kWarps);
         const size_t smem = std::max(K1::smem(a1), K2::smem(a2));
         using P = StagedPair<K1, K2>;
         if (packs<P, K1>(blocks, smem, a1.cols) && packs<P, K2>(blocks, smem, a2.cols)) return staged_pair<K1, K2>(a1, a2);
     }
-    return staged_pair<GemvStaged<T1, kRope, false, kNorm>, GemvStaged<T2, kRope, false, kNorm>>(a1, a2);
+    return staged_pair<GemvStaged<T1, kRope, false, kIn>, GemvStaged<T2, kRope, false, kIn>>(a1, a2);
 }
 
 // The format pairs that run as one launch (the mixes' Q·K and V types; others take two).
@@ -663,12 +678,15 @@ Launch launch(const GemvArgs& a) {
     const unsigned row_blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
     if (a.n_tokens == 1) {
         if constexpr (QuantDot<T>::kFast) {
-            const bool norm = a.norm.x != nullptr;
-            if (a.xq_out) return norm ? staged<GemvStaged<T, false, true, true>>(a) : staged<GemvStaged<T, false, true>>(a);
-            if (a.norm_out.w) return staged_norm_out<T>(a);
-            if (rows_wanted(a)) return norm ? rows_launch<T, true>(a) : rows_launch<T, false>(a);
-            if (a.rope.pos0) return norm ? staged_one<T, true, true>(a) : staged_one<T, true, false>(a);
-            return norm ? staged_one<T, false, true>(a) : staged_one<T, false, false>(a);
+            return by_input(a, [&](auto in) -> Launch {
+                constexpr In kIn = decltype(in)::value;
+                if (a.xq_out) return staged<GemvStaged<T, false, true, kIn>>(a);
+                if constexpr (kIn == In::Q8)
+                    if (a.norm_out.w) return staged_norm_out<T>(a);
+                if (rows_wanted(a)) return rows_launch<T, kIn>(a);
+                if (a.rope.pos0) return staged_one<T, true, kIn>(a);
+                return staged_one<T, false, kIn>(a);
+            });
         }
         else return make_launch<Gemv<T, 1>>(dim3(row_blocks, 1), block, a);
     }
@@ -806,18 +824,18 @@ Launch gemv_pair(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArg
     if (!gemv_pairs(t1, a1, t2, a2)) throw std::logic_error("these two GEMVs cannot run as one launch (gemv_pairs)");
     if ((a1.norm.x && !gemv_folds_norm(t1, a1)) || (a2.norm.x && !gemv_folds_norm(t2, a2)))
         throw std::logic_error("this GEMV cannot fold an RMSNorm in (gemv_folds_norm)");
-    if ((a1.norm.x == nullptr) != (a2.norm.x == nullptr)) throw std::logic_error("one launch: both GEMVs fold the norm in or neither");
-    const int variant = (a1.rope.pos0 != nullptr) + 2 * (a1.norm.x != nullptr);
-#define ER_PAIR(A, B)                                                                        \
-    if (t1 == TensorType::A && t2 == TensorType::B) switch (variant) {                       \
-            case 0: return staged_pair<TensorType::A, TensorType::B, false, false>(a1, a2); \
-            case 1: return staged_pair<TensorType::A, TensorType::B, true, false>(a1, a2);  \
-            case 2: return staged_pair<TensorType::A, TensorType::B, false, true>(a1, a2);  \
-            default: return staged_pair<TensorType::A, TensorType::B, true, true>(a1, a2);  \
-        }
-    ER_PAIRS(ER_PAIR)
+    if ((a1.norm.x == nullptr) != (a2.norm.x == nullptr) || a1.xq_ss != a2.xq_ss)
+        throw std::logic_error("one launch: both GEMVs read the same input the same way");
+    return by_input(a1, [&](auto in) -> Launch {
+        constexpr In kIn = decltype(in)::value;
+#define ER_PAIR(A, B)                                                                                            \
+    if (t1 == TensorType::A && t2 == TensorType::B)                                                              \
+        return a1.rope.pos0 ? staged_pair<TensorType::A, TensorType::B, true, kIn>(a1, a2)                       \
+                            : staged_pair<TensorType::A, TensorType::B, false, kIn>(a1, a2);
+        ER_PAIRS(ER_PAIR)
 #undef ER_PAIR
-    throw std::logic_error("gemv_pair");
+        throw std::logic_error("gemv_pair");
+    });
 }
 
 bool gemv_folds_norm(TensorType type, const GemvArgs& a) {
@@ -838,13 +856,31 @@ bool gemv_folds_norm(TensorType type, const GemvArgs& a) {
     return budget == std::numeric_limits<int64_t>::max() || blocks * a.cols * 4 <= budget;
 }
 
+// Whether the staged kernel that writes its residual's norm's copy (blocks of 16 warps) has the
+// shared memory for these rows, packed or not.
+template <TensorType T>
+bool norm_out_fits(const GemvArgs& a) {
+    size_t smem = GemvStaged<T, false, false, In::Q8, false, true>::smem(a);
+    if constexpr (Packed<T>::kPacks) smem = std::max(smem, GemvStaged<T, false, false, In::Q8, true, true>::smem(a));
+    return smem <= smem_per_block();
+}
+
 bool gemv_norms_out(TensorType type, const GemvArgs& a) {
     static const bool enabled = [] {
         const char* env = std::getenv("EDGERUNNER_CUDA_NORM_OUT");
         return !(env && std::string(env) == "0");
     }();
-    return enabled && gemv_wants_q8(type) && a.n_tokens == 1 && a.n_parts == 1 && a.glu == Glu::None && a.accumulate && !a.rope.pos0 &&
-           !a.xq_out && !a.norm.x && a.part[0].rows % 32 == 0 && !rows_wanted(a);
+    if (!enabled || !gemv_wants_q8(type) || a.n_tokens != 1 || a.n_parts != 1 || a.glu != Glu::None || !a.accumulate || a.rope.pos0 ||
+        a.xq_out || a.norm.x || a.xq_ss || a.part[0].rows % 32 != 0 || a.cols > kMaxStagedCols || rows_wanted(a))
+        return false;
+    switch (type) {
+#define ER_FITS(T) \
+    case TensorType::T: return norm_out_fits<TensorType::T>(a);
+        ER_FITS(Q4_0) ER_FITS(Q4_1) ER_FITS(Q5_0) ER_FITS(Q5_1) ER_FITS(Q8_0) ER_FITS(IQ4_NL) ER_FITS(Q2_K) ER_FITS(Q3_K) ER_FITS(Q4_K)
+        ER_FITS(Q5_K) ER_FITS(Q6_K) ER_FITS(IQ4_XS)
+#undef ER_FITS
+        default: return false;
+    }
 }
 
 bool gemv_ropes(TensorType type, const GemvArgs& a) {
