@@ -142,19 +142,48 @@ auto by_input(const GemvArgs& a, F f) {
     return f(InputIs<In::Q8>{});
 }
 
-// a.xq's int8 units into that layout, by the whole block (then its barrier). A Scaled input (a
-// norm's copy from GemvNormOut): each unit's d' times the row's 1/rms, which every warp works
-// out itself from the units' sums of squares.
+// A unit of a Scaled input (a norm's copy from GemvNormOut): d' times the row's 1/rms, which
+// every warp works out itself from the units' sums of squares (all lanes call this). The unit's
+// 36 bytes are requested before those sums, so that the two round trips to L2 overlap.
+__device__ __forceinline__ XUnit scaled_unit(const GemvArgs& a, int u, int n_units) {
+    int w[8] = {};
+    float d = 0.0f;
+    if (u < n_units) {
+        const QBlock& b = a.xq[u];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) w[j] = *reinterpret_cast<const int*>(b.q + 4 * j);
+        d = b.d;
+    }
+    const float scale = units_rms_scale<8>(a.xq_ss, n_units, a.cols, a.xq_eps);
+    XUnit x;
+    x.sum_lo = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x.w[j] = w[j];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) x.sum_lo = __dp4a(kOnes, w[j], x.sum_lo);
+    x.sum = x.sum_lo;
+#pragma unroll
+    for (int j = 4; j < 8; ++j) x.sum = __dp4a(kOnes, w[j], x.sum);
+    x.d = d * scale;
+    return x;
+}
+
+// a.xq's int8 units into that layout, by the whole block (then its barrier).
 template <In kIn>
 __device__ __forceinline__ void stage_q8(const GemvArgs& a, int4* xs, int n_units) {
-    const float scale = kIn == In::Scaled ? units_rms_scale(a.xq_ss, n_units, a.cols, a.xq_eps) : 1.0f;
-    for (int u = threadIdx.x; u < n_units; u += blockDim.x) {
-        XUnit x = load_x(a.xq[u]);
-        if (kIn == In::Scaled) x.d *= scale;
+    auto put = [&](const XUnit& x, int u) {
         xs[u] = make_int4(x.w[0], x.w[1], x.w[2], x.w[3]);
         xs[n_units + u] = make_int4(x.w[4], x.w[5], x.w[6], x.w[7]);
         x_ds(xs, n_units)[u] = make_int2(__float_as_int(x.d), x.sum);
         x_sum_lo(xs, n_units)[u] = x.sum_lo;
+    };
+    if constexpr (kIn == In::Scaled) {
+        for (int u0 = threadIdx.x - threadIdx.x % 32; u0 < n_units; u0 += blockDim.x) {  // (whole warps: scaled_unit's shuffles)
+            const XUnit x = scaled_unit(a, u0 + threadIdx.x % 32, n_units);
+            if (u0 + threadIdx.x % 32 < n_units) put(x, u0 + threadIdx.x % 32);
+        }
+    } else {
+        for (int u = threadIdx.x; u < n_units; u += blockDim.x) put(load_x(a.xq[u]), u);
     }
     __syncthreads();
 }
@@ -500,9 +529,8 @@ struct GemvRows {
             stage_normed(a, g, xs, n_units);
             if (lane < n_units) x = staged_x(xs, n_units, lane);
         } else {
-            const float scale = kIn == In::Scaled ? units_rms_scale(a.xq_ss, n_units, a.cols, a.xq_eps) : 1.0f;
-            if (lane < n_units) x = load_x(a.xq[lane]);
-            if (kIn == In::Scaled) x.d *= scale;
+            if constexpr (kIn == In::Scaled) x = scaled_unit(a, lane, n_units);
+            else if (lane < n_units) x = load_x(a.xq[lane]);
         }
         const float* bias = a.part[0].bias;
         float* y = a.part[0].y;
@@ -571,7 +599,7 @@ int blocks_per_sm(int threads, size_t smem) {
 template <TensorType T, In kIn>
 Launch rows_launch(const GemvArgs& a) {
     using K = GemvRows<T, kIn>;
-    static const bool sized = allow_smem<K>(smem_per_block());
+    static const bool sized = allow_smem<K>(max_dynamic_smem<K>(smem_per_block()));
     (void)sized;
     const int64_t pairs = (a.part[0].rows + 1) / 2;
     const int64_t blocks = std::min<int64_t>(blocks_per_sm<K>(K::kBlockThreads, K::smem(a)) * static_cast<int64_t>(sm_count()),
@@ -590,16 +618,21 @@ int64_t staged_blocks(const GemvArgs& a, int block_warps) {
 // A staged kernel K (or a pair of them) allowed the shared memory of its widest rows, once: before
 // its first launch, and before the occupancy calculator is asked about it (which counts on that).
 template <class K>
+size_t staged_smem_limit() {  // (the most K may be allowed)
+    static const size_t limit = max_dynamic_smem<K>(smem_per_block());
+    return limit;
+}
+template <class K>
 void allow_staged_smem() {
-    static const bool sized = allow_smem<K>(std::min(K::kWeightSmem + kMaxStagedCols / 32 * 3 * sizeof(int4), smem_per_block()));
+    static const bool sized = allow_smem<K>(std::min(K::kWeightSmem + kMaxStagedCols / 32 * 3 * sizeof(int4), staged_smem_limit<K>()));
     (void)sized;
 }
 
 template <class K>
 Launch staged(const GemvArgs& a) {
-    if (K::smem(a) > smem_per_block())
+    if (K::smem(a) > staged_smem_limit<K>())
         throw std::invalid_argument("the CUDA GEMV of rows of " + std::to_string(a.cols) + " columns needs " + std::to_string(K::smem(a) >> 10) +
-                                    " KiB of shared memory a block; this GPU gives " + std::to_string(smem_per_block() >> 10));
+                                    " KiB of shared memory a block; this GPU gives " + std::to_string(staged_smem_limit<K>() >> 10));
     allow_staged_smem<K>();
     return make_launch<K>(dim3(static_cast<unsigned>(staged_blocks(a, K::kWarps))), dim3(32 * K::kWarps), a, K::smem(a));
 }
@@ -860,9 +893,12 @@ bool gemv_folds_norm(TensorType type, const GemvArgs& a) {
 // shared memory for these rows, packed or not.
 template <TensorType T>
 bool norm_out_fits(const GemvArgs& a) {
-    size_t smem = GemvStaged<T, false, false, In::Q8, false, true>::smem(a);
-    if constexpr (Packed<T>::kPacks) smem = std::max(smem, GemvStaged<T, false, false, In::Q8, true, true>::smem(a));
-    return smem <= smem_per_block();
+    using K = GemvStaged<T, false, false, In::Q8, false, true>;
+    if constexpr (Packed<T>::kPacks) {
+        using P = GemvStaged<T, false, false, In::Q8, true, true>;
+        if (P::smem(a) > staged_smem_limit<P>()) return false;
+    }
+    return K::smem(a) <= staged_smem_limit<K>();
 }
 
 bool gemv_norms_out(TensorType type, const GemvArgs& a) {

@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -145,6 +146,15 @@ Launch make_launch(dim3 grid, dim3 block, const typename K::Args& a, size_t smem
     l.args_size = sizeof(A);
     std::memcpy(l.args, &a, sizeof(A));
     return l;
+}
+
+// The dynamic shared memory kernel K may be allowed: a block's opt-in limit (per_block) less the
+// kernel's static shared memory (asking for more fails, and leaves the default 48 KiB).
+template <class K>
+size_t max_dynamic_smem(size_t per_block) {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, value_entry<K>()) != cudaSuccess) return per_block;
+    return per_block - std::min(per_block, attr.sharedSizeBytes);
 }
 
 // Let kernel K use `bytes` of dynamic shared memory (past the default 48 KiB), both entry points.

@@ -35,10 +35,17 @@ __device__ __forceinline__ void load_row(const float4* x, int n4, float4 (&v)[kP
 
 // 1 / rms of a row from its units' sums of squares (unit u's as block_rms_scale computes it), by
 // one warp: lane l adds units l, l + 32, ..., then the warp adds its lanes. Every lane gets the
-// same bits.
+// same bits. kUnroll: the loop's unrolling, where not the compiler's (sums from global memory: their
+// loads batched; the order of the additions is the same).
+template <int kUnroll = 0>
 __device__ __forceinline__ float units_rms_scale(const float* unit_ss, int n_units, int64_t n, float eps) {
     float total = 0.0f;
-    for (int u = threadIdx.x % 32; u < n_units; u += 32) total += unit_ss[u];
+    if constexpr (kUnroll > 0) {
+#pragma unroll(kUnroll)
+        for (int u = threadIdx.x % 32; u < n_units; u += 32) total += unit_ss[u];
+    } else {
+        for (int u = threadIdx.x % 32; u < n_units; u += 32) total += unit_ss[u];
+    }
     total = warp_sum(total);
     return 1.0f / sqrtf(total / static_cast<float>(n) + eps);
 }
