@@ -906,8 +906,14 @@ bool gemv_norms_out(TensorType type, const GemvArgs& a) {
         const char* env = std::getenv("EDGERUNNER_CUDA_NORM_OUT");
         return !(env && std::string(env) == "0");
     }();
+    // Its blocks of 32 rows at most half the SMs: the GEMVs that read the norm's copy then start on
+    // the other SMs and pull their weights while this one runs, as they did while the norm kernel
+    // ran. A grid on every SM (the 8B's 128 blocks of 4096 rows) holds them off until it ends, and
+    // the pull the norm kernel hid shows: measured, 8B Q4_0 −4 %, Llama-3.2-1B +2–6 %, SmolLM2
+    // +4–5 % (bench/NOTES.md, seventeenth CUDA session).
     if (!enabled || !gemv_wants_q8(type) || a.n_tokens != 1 || a.n_parts != 1 || a.glu != Glu::None || !a.accumulate || a.rope.pos0 ||
-        a.xq_out || a.norm.x || a.xq_ss || a.part[0].rows % 32 != 0 || a.cols > kMaxStagedCols || rows_wanted(a))
+        a.xq_out || a.norm.x || a.xq_ss || a.part[0].rows % 32 != 0 || a.part[0].rows / 32 > sm_count() / 2 || a.cols > kMaxStagedCols ||
+        rows_wanted(a))
         return false;
     switch (type) {
 #define ER_FITS(T) \

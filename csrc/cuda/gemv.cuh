@@ -125,7 +125,8 @@ bool gemv_quantizes_out(TensorType type, const GemvArgs& args);
 // =N with N KiB (for measurements).
 bool gemv_folds_norm(TensorType type, const GemvArgs& args);
 // Whether args.norm_out can be given: one token of an int8 format (the staged kernel), one matrix
-// added to the residual (no gate, RoPE or int8 output), rows a multiple of 32 (its blocks hold 32).
+// added to the residual (no gate, RoPE or int8 output), rows a multiple of 32 (its blocks hold 32)
+// and its blocks at most half the SMs (the readers' blocks start on the others meanwhile).
 // EDGERUNNER_CUDA_NORM_OUT=0 says never (for measurements).
 bool gemv_norms_out(TensorType type, const GemvArgs& args);
 size_t qblock_bytes();
