@@ -615,13 +615,15 @@ int64_t staged_blocks(const GemvArgs& a, int block_warps) {
     return (warps + block_warps - 1) / block_warps;
 }
 
-// A staged kernel K (or a pair of them) allowed the shared memory of its widest rows, once: before
-// its first launch, and before the occupancy calculator is asked about it (which counts on that).
+// The most dynamic shared memory staged kernel K may be allowed.
 template <class K>
-size_t staged_smem_limit() {  // (the most K may be allowed)
+size_t staged_smem_limit() {
     static const size_t limit = max_dynamic_smem<K>(smem_per_block());
     return limit;
 }
+
+// A staged kernel K (or a pair of them) allowed the shared memory of its widest rows, once: before
+// its first launch, and before the occupancy calculator is asked about it (which counts on that).
 template <class K>
 void allow_staged_smem() {
     static const bool sized = allow_smem<K>(std::min(K::kWeightSmem + kMaxStagedCols / 32 * 3 * sizeof(int4), staged_smem_limit<K>()));
@@ -714,8 +716,9 @@ Launch launch(const GemvArgs& a) {
             return by_input(a, [&](auto in) -> Launch {
                 constexpr In kIn = decltype(in)::value;
                 if (a.xq_out) return staged<GemvStaged<T, false, true, kIn>>(a);
-                if constexpr (kIn == In::Q8)
+                if constexpr (kIn == In::Q8) {
                     if (a.norm_out.w) return staged_norm_out<T>(a);
+                }
                 if (rows_wanted(a)) return rows_launch<T, kIn>(a);
                 if (a.rope.pos0) return staged_one<T, true, kIn>(a);
                 return staged_one<T, false, kIn>(a);
