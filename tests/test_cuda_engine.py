@@ -48,7 +48,8 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
     shares theirs (one token: StagedPair), and whether an RMSNorm's int8 copy comes from a norm
     kernel (steps of several tokens), or in one-token steps from the GEMV that adds the residual
     before it, a unit at a time, read by GEMVs that scale each unit by the row's 1/rms
-    (GemvArgs::norm_out and xq_ss: every norm after the first layer's, the final one too), or
+    (GemvArgs::norm_out and xq_ss, where the producer's blocks take at most half the SMs: on an
+    H200 every norm after the first layer's in all four shapes, the final one too), or
     from the one-token GEMVs that read it, each block normalizing the row itself with another
     block size (GemvArgs::norm: the small models' first norm; the wide and odd models' grids
     would read more than the fold's budget). The long-head model's 20000 short LM-head rows
