@@ -90,6 +90,35 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
         assert np.array_equal(s.logits(), full[t])
 
 
+def test_cuda_small_model_decode_runs_no_norm_kernel(tmp_path, monkeypatch):
+    """A small llama-style model's one-token steps run no RMSNorm kernel: the first norm is folded
+    into the GEMVs that read it (GemvArgs::norm), every later one is written by the GEMV that adds
+    the residual (GemvArgs::norm_out), the final one too. So leaving the norm kernels out
+    (EDGERUNNER_CUDA_SKIP=norm, a measurement knob) changes no logit of a generation fed one token
+    at a time, while a first step of four tokens, which runs them, does change."""
+    from edgerunner.model_builder import write_random_model
+
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=11)
+    ids = prompt(np.random.default_rng(4), 10)
+
+    def logits(skip: bool, first: int) -> np.ndarray:
+        if skip:
+            monkeypatch.setenv("EDGERUNNER_CUDA_SKIP", "norm")
+        else:
+            monkeypatch.delenv("EDGERUNNER_CUDA_SKIP", raising=False)
+        s = _core.Session(_core.Model.load(str(path), backend="cuda"))
+        s.eval(ids[:first])
+        out = [s.logits().copy()]
+        for t in ids[first:]:
+            s.append(int(t))
+            out.append(s.logits().copy())
+        return np.stack(out)
+
+    assert np.array_equal(logits(False, 1), logits(True, 1))
+    assert not np.array_equal(logits(False, 4), logits(True, 4))
+
+
 def test_cuda_refuses_what_it_cannot_run(tmp_path, monkeypatch):
     from edgerunner.model_builder import write_random_model
 

@@ -144,7 +144,10 @@ auto by_input(const GemvArgs& a, F f) {
 
 // A unit of a Scaled input (a norm's copy from GemvNormOut): d' times the row's 1/rms, which
 // every warp works out itself from the units' sums of squares (all lanes call this). The unit's
-// 36 bytes are requested before those sums, so that the two round trips to L2 overlap.
+// 36 bytes are requested before those sums, so that the two round trips to L2 overlap. (It repeats
+// load_x's sums rather than share a helper with it, and works the scale out for every unit it
+// stages: both tidier forms changed how the compiler built the Scaled kernels, and SmolLM2 lost
+// 2 %: bench/NOTES.md, seventeenth CUDA session.)
 __device__ __forceinline__ XUnit scaled_unit(const GemvArgs& a, int u, int n_units) {
     int w[8] = {};
     float d = 0.0f;
