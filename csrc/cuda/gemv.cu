@@ -859,8 +859,18 @@ bool gemv_pairs(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs
     return false;
 }
 
+// Q4_K's dot reads a block's fields with 16-byte loads (quant_dot.cuh): its rows (of 144-byte
+// blocks) must start on 16-byte boundaries, as the runner's uploads (256) and cudaMalloc give them.
+static void check_rows_aligned(TensorType type, const GemvArgs& a) {
+    if (type != TensorType::Q4_K) return;
+    for (int p = 0; p < a.n_parts; ++p)
+        if (reinterpret_cast<uintptr_t>(a.part[p].w) % 16 != 0)
+            throw std::logic_error("the CUDA GEMV reads Q4_K weights whose rows start on 16-byte boundaries");
+}
+
 Launch gemv_pair(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs& a2) {
     if (!gemv_pairs(t1, a1, t2, a2)) throw std::logic_error("these two GEMVs cannot run as one launch (gemv_pairs)");
+    check_rows_aligned(t1, a1), check_rows_aligned(t2, a2);
     if ((a1.norm.x && !gemv_folds_norm(t1, a1)) || (a2.norm.x && !gemv_folds_norm(t2, a2)))
         throw std::logic_error("this GEMV cannot fold an RMSNorm in (gemv_folds_norm)");
     if ((a1.norm.x == nullptr) != (a2.norm.x == nullptr) || a1.xq_ss != a2.xq_ss)
@@ -949,6 +959,7 @@ Launch bf16_activations(const Bf16Args& a) {
 
 Launch gemv(TensorType type, const GemvArgs& args) {
     const LaunchFn fn = launcher(type);
+    check_rows_aligned(type, args);
     if (!fn) throw std::invalid_argument("the CUDA backend has no GEMV kernel for " + std::string(tensor_type_name(type)));
     if (args.cols % 32 != 0) throw std::invalid_argument("GEMV columns must be a multiple of 32");
     if (args.rope.pos0 && !gemv_ropes(type, args)) throw std::logic_error("only the one-token GEMV of an int8 format stores RoPE'd Q, K and V");

@@ -63,6 +63,14 @@ __device__ __forceinline__ int spread4(uint32_t b) { return static_cast<int>(((b
 
 constexpr int kOnes = 0x01010101;
 
+// c + the dot of a's four unsigned bytes with b's four signed ones (dp4a.u32.s32: bytes up to 255,
+// such as nibbles left in place, 16 times their value).
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
 // A unit of activations as the dot products take it: the 32 int8 values as eight words, their
 // sum and the sum of the first 16 (for offsets and minimums), the scale.
 struct XUnit {
@@ -233,12 +241,38 @@ __device__ __forceinline__ float q45_k_dot(const uint8_t* row, int64_t u, const 
     return x.d * (h2f(b.d) * static_cast<float>(sc * dot) - h2f(b.dmin) * static_cast<float>(m * x.sum));
 }
 
+// Q4_K (the most instructions a byte of the fast formats but Q6_K's, in the GEMVs that stream
+// their weights: bench/NOTES.md, eighteenth CUDA session): the block's first 16 bytes (d, dmin and
+// the twelve bytes of scales) in one load, the unit's scale and min picked without a branch (lanes
+// 0-3 and 4-7 of a block take the two forms of k_scale_min), its 16 bytes of nibbles in two
+// 16-byte loads (rows on 16-byte boundaries: gemv() checks), the nibbles masked where they lie
+// and the dot divided by 16 for the high ones. The same integers as q45_k_dot: the same bits.
 template <>
 struct QuantDot<TensorType::Q4_K> {
     static constexpr bool kFast = true;
     using Block = block_q4_K;
     static constexpr int kUnits = 8;
-    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) { return q45_k_dot<Block, false>(row, u, x); }
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
+        const uint8_t* b = row + (u / 8) * sizeof(Block);
+        const int j = static_cast<int>(u % 8), shift = 4 * (j % 2);
+        const uint4 head = *reinterpret_cast<const uint4*>(b);  // d | dmin, scales 0-3, 4-7, 8-11
+        const uint32_t pick = 0x4440u | static_cast<uint32_t>(j % 4);
+        const int s0 = static_cast<int>(__byte_perm(head.y, 0, pick)), s1 = static_cast<int>(__byte_perm(head.z, 0, pick)),
+                  s2 = static_cast<int>(__byte_perm(head.w, 0, pick));
+        const int sc = j < 4 ? s0 & 63 : (s2 & 0xF) | (s0 >> 6) << 4;
+        const int m = j < 4 ? s1 & 63 : (s2 >> 4) | (s1 >> 6) << 4;
+        const uint4* q = reinterpret_cast<const uint4*>(b + 16 + (j / 2) * 32);
+        const uint4 q0 = q[0], q1 = q[1];
+        const uint32_t w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        const uint32_t mask = 0x0F0F0F0Fu << shift;
+        int dot = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot = dp4a_us(w[i] & mask, x.w[i], dot);
+        dot >>= shift;  // (a multiple of 16 where the nibbles were the high ones)
+        const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(head.x & 0xFFFF)));
+        const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(head.x >> 16)));
+        return x.d * (d * static_cast<float>(sc * dot) - dmin * static_cast<float>(m * x.sum));
+    }
 };
 template <>
 struct QuantDot<TensorType::Q5_K> {
@@ -325,13 +359,23 @@ struct QuantDot<TensorType::Q3_K> {
 // ql[h·64 + (s % 2)·32 ..] (shifted by 4·(s / 2)), its high two in qh[h·32 ..] (shifted by
 // 2·s), and two integer scales, one per 16 elements; weights are q − 32. q6_k_words: the unit's
 // 6-bit q as eight words of bytes (elements 4i..4i+3 in word i).
+// The words come from 2-byte aligned addresses (words()); each funnel shift that aligns a word
+// also moves the unit's bits into place: ql's four by 8·skew + 4·(s / 2), qh's two (bits 2s, 2s + 1
+// of each byte) to bits 4-5 by 8·skew + 2s − 4, from the word before where that is negative (the
+// bits it brings in are masked off). Four instructions a word besides the loads, not seven.
 __device__ __forceinline__ void q6_k_words(const block_q6_K& b, int j, uint32_t (&w)[8]) {
-    const int h = j / 4, s = j % 4, shift = 4 * (s / 2);
-    uint32_t ql[8], qh[8];
-    words(b.ql + h * 64 + (s % 2) * 32, ql);
-    words(b.qh + h * 32, qh);
+    const int h = j / 4, s = j % 4;
+    const uint8_t* pl = b.ql + h * 64 + (s % 2) * 32;  // (qh's bytes below: the same skew)
+    const int skew = static_cast<int>(reinterpret_cast<uintptr_t>(pl) & 3);
+    const int nl = 8 * skew + 4 * (s / 2), nh = 8 * skew + 2 * s - 4;
+    const uint32_t* al = reinterpret_cast<const uint32_t*>(pl - skew);
+    const uint32_t* ah = reinterpret_cast<const uint32_t*>(b.qh + h * 32 - skew) - (nh < 0 ? 1 : 0);
+    uint32_t l[9], hi[9];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = (ql[i] >> shift & 0x0F0F0F0Fu) | (qh[i] >> (2 * s) & 0x03030303u) << 4;
+    for (int i = 0; i < 9; ++i) l[i] = al[i], hi[i] = ah[i];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        w[i] = (__funnelshift_r(l[i], l[i + 1], nl) & 0x0F0F0F0Fu) | (__funnelshift_r(hi[i], hi[i + 1], nh & 31) & 0x30303030u);
 }
 template <>
 struct QuantDot<TensorType::Q6_K> {
