@@ -16,6 +16,9 @@
 #   bench/h200.sh profile NAME...         where a decode step's time goes (ncu, kernels serialised: per kernel,
 #                                         bench/ncu_summary.py), then the decode GEMV's limits (ncu sections:
 #                                         DRAM vs SM throughput, occupancy) for the first 8 of a step
+#   bench/h200.sh gemv-profile NAME T N   the first N one-token staged GEMVs of type T (TensorType's number: 2 Q4_0,
+#                                         12 Q4_K, 14 Q6_K; no RoPE, no int8 output) of a decode step under ncu,
+#                                         serialised: DRAM and issue throughput, occupancy, stall reasons
 #   bench/h200.sh prefill-profile NAME... the first layer's four prefill GEMMs of a 512-token prompt under ncu:
 #                                         occupancy, pipes, L2 / DRAM, stall reasons
 #   bench/h200.sh base                    build the tree in .ab/base (never committed: `git archive REV | tar -x -C
@@ -93,6 +96,15 @@ case "${1:-}" in
         grep -E "GemvStaged|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Warp Cycles Per Issued" |
         sed -E 's/^ +//; s/ {2,}/ /g'
     done ;;
+  gemv-profile)
+    name=$2; type=$3; count=${4:-1}
+    stalls=$(printf 'smsp__warp_issue_stalled_%s_per_warp_active.pct,' long_scoreboard short_scoreboard wait selected \
+      not_selected barrier math_pipe_throttle mio_throttle lg_throttle no_instruction)
+    ncu --clock-control none --kernel-name-base mangled -k "regex:GemvStaged.*TensorTypeE${type}ELb0ELb0E" --launch-count "$count" \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+      --metrics "${stalls}sm__inst_executed.sum" python3 bench/decode_once.py /tmp/m/$name.gguf eager 1 2>/dev/null |
+      grep -E "GemvStaged|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc Active|Achieved Occupancy|Warp Cycles Per Issued|Grid Size|stalled|inst_executed.sum" |
+      sed -E 's/^ +//; s/ {2,}/ /g' | cut -c1-150 ;;
   prefill-profile)
     shift
     stalls=$(printf 'smsp__warp_issue_stalled_%s_per_warp_active.pct,' wait long_scoreboard short_scoreboard selected \

@@ -391,8 +391,11 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
                         const int u = c * kChunkUnits + 32 * i + lane;
                         if (u < n_units) {
                             const XUnit x = staged_x(xs, n_units, u);
+                            // (both rows without a branch between them, so that their loads and
+                            // products interleave; a warp with one row sums whatever its second
+                            // buffer holds into sum[1], which nothing reads)
                             sum[0] += dot(0, 32 * i + lane, x);
-                            if (row[1]) sum[1] += dot(1, 32 * i + lane, x);
+                            sum[1] += dot(1, 32 * i + lane, x);
                         }
                     }
                 };
