@@ -868,7 +868,8 @@ static void check_rows_aligned(TensorType type, const GemvArgs& a) {
     if (type != TensorType::Q4_K) return;
     for (int p = 0; p < a.n_parts; ++p)
         if (reinterpret_cast<uintptr_t>(a.part[p].w) % 16 != 0)
-            throw std::logic_error("the CUDA GEMV reads Q4_K weights whose rows start on 16-byte boundaries");
+            throw std::logic_error("the CUDA GEMV needs Q4_K weights on 16-byte boundaries; this one starts " +
+                                   std::to_string(reinterpret_cast<uintptr_t>(a.part[p].w) % 16) + " bytes past one");
 }
 
 Launch gemv_pair(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs& a2) {
@@ -962,8 +963,8 @@ Launch bf16_activations(const Bf16Args& a) {
 
 Launch gemv(TensorType type, const GemvArgs& args) {
     const LaunchFn fn = launcher(type);
-    check_rows_aligned(type, args);
     if (!fn) throw std::invalid_argument("the CUDA backend has no GEMV kernel for " + std::string(tensor_type_name(type)));
+    check_rows_aligned(type, args);
     if (args.cols % 32 != 0) throw std::invalid_argument("GEMV columns must be a multiple of 32");
     if (args.rope.pos0 && !gemv_ropes(type, args)) throw std::logic_error("only the one-token GEMV of an int8 format stores RoPE'd Q, K and V");
     if (args.xq_out && !gemv_quantizes_out(type, args)) throw std::logic_error("this GEMV cannot write an int8 copy of its output");
