@@ -221,32 +221,13 @@ struct QuantDot<TensorType::Q8_0> {
     }
 };
 
-// Q4_K / Q5_K: unit j of a super-block is sub-block j (blocks of 144 and 176 bytes, so on
-// 16-byte boundaries in rows of whole blocks: aligned four-byte loads).
-template <typename Block, bool kFiveBit>
-__device__ __forceinline__ float q45_k_dot(const uint8_t* row, int64_t u, const XUnit& x) {
-    const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
-    const int j = static_cast<int>(u % 8);
-    int sc, m;
-    k_scale_min(b.scales, j, &sc, &m);
-    const uint32_t* q = reinterpret_cast<const uint32_t*>(b.qs + (j / 2) * 32);
-    const int shift = 4 * (j % 2);
-    int dot = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        int w = static_cast<int>(q[i] >> shift & 0x0F0F0F0F);
-        if constexpr (kFiveBit) w |= static_cast<int>((reinterpret_cast<const uint32_t*>(b.qh)[i] >> j & 0x01010101) << 4);
-        dot = __dp4a(w, x.w[i], dot);
-    }
-    return x.d * (h2f(b.d) * static_cast<float>(sc * dot) - h2f(b.dmin) * static_cast<float>(m * x.sum));
-}
-
 // Q4_K (the most instructions a byte of the fast formats but Q6_K's, in the GEMVs that stream
 // their weights: bench/NOTES.md, eighteenth CUDA session): the block's first 16 bytes (d, dmin and
 // the twelve bytes of scales) in one load, the unit's scale and min picked without a branch (lanes
 // 0-3 and 4-7 of a block take the two forms of k_scale_min), its 16 bytes of nibbles in two
 // 16-byte loads (rows on 16-byte boundaries: gemv() checks), the nibbles masked where they lie
-// and the dot divided by 16 for the high ones. The same integers as q45_k_dot: the same bits.
+// and the dot divided by 16 for the high ones. The same integers as the plain form (Q5_K's below
+// without its fifth bits): the same bits.
 template <>
 struct QuantDot<TensorType::Q4_K> {
     static constexpr bool kFast = true;
@@ -274,12 +255,29 @@ struct QuantDot<TensorType::Q4_K> {
         return x.d * (d * static_cast<float>(sc * dot) - dmin * static_cast<float>(m * x.sum));
     }
 };
+// Q5_K: unit j of a super-block is sub-block j (176-byte blocks, so on 16-byte boundaries in rows
+// of whole blocks: aligned four-byte loads), Q4_K's nibbles with a fifth bit from qh.
 template <>
 struct QuantDot<TensorType::Q5_K> {
     static constexpr bool kFast = true;
     using Block = block_q5_K;
     static constexpr int kUnits = 8;
-    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) { return q45_k_dot<Block, true>(row, u, x); }
+    static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8);
+        int sc, m;
+        k_scale_min(b.scales, j, &sc, &m);
+        const uint32_t* q = reinterpret_cast<const uint32_t*>(b.qs + (j / 2) * 32);
+        const int shift = 4 * (j % 2);
+        int dot = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int w = static_cast<int>(q[i] >> shift & 0x0F0F0F0F) |
+                          static_cast<int>((reinterpret_cast<const uint32_t*>(b.qh)[i] >> j & 0x01010101) << 4);
+            dot = __dp4a(w, x.w[i], dot);
+        }
+        return x.d * (h2f(b.d) * static_cast<float>(sc * dot) - h2f(b.dmin) * static_cast<float>(m * x.sum));
+    }
 };
 
 // IQ4_NL: 18-byte blocks (2-byte aligned) of 4-bit indices into the code book, nibbles as Q4_0's.
