@@ -250,13 +250,15 @@ struct Bounds512 {
 };
 struct NoBounds {};
 
-template <TensorType T, bool kRope, bool kQuantOut = false, In kIn = In::Q8, bool kPack = false, bool kNormOut = false>
+template <TensorType T, bool kRope, bool kQuantOut = false, In kIn = In::Q8, bool kPack = false, bool kNormOut = false,
+          bool kStream = false>
 struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
                                        std::conditional_t<kIn == In::Norm, Bounds256x3, std::conditional_t<kNormOut, Bounds512, NoBounds>>> {
     using Args = GemvArgs;
     using D = QuantDot<T>;
     static constexpr bool kNorm = kIn == In::Norm;
     static_assert(!kNormOut || (!kRope && !kQuantOut && kIn == In::Q8), "the norm's copy: of a plain GEMV added to the residual");
+    static_assert(!kStream || (!kRope && !kQuantOut && kIn != In::Norm && !kPack && !kNormOut), "streamed: plain or gated GEMVs");
     static constexpr int kWarps = kQuantOut ? 32 : kNormOut ? 16 : kStagedWarps;
     static constexpr int kBuffers = kQuantOut ? 1 : kRing;  // a warp's ring (one chunk per row: one)
     static constexpr int kBlockBytes = sizeof(typename D::Block);
@@ -269,8 +271,15 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
     static constexpr int kStageBytes = std::max(16 * kPieces, kPack ? (P::bytes(kChunkUnits) + 15) / 16 * 16 : 0);
     static constexpr size_t kWeightSmem = static_cast<size_t>(kWarps) * kBuffers * kSlots * kStageBytes;
     static_assert(kChunkUnits % D::kUnits == 0, "chunks of whole blocks");
+    // the dot's per-lane form (QuantDot<T>::Lane), where every chunk of a row starts as far past a
+    // 4-byte boundary
+    static constexpr bool kLanes = LanesOf<D>::value && kChunkBytes % 4 == 0 && kPerLane == 1;
+    using Lane = typename LanesOf<D>::type;
 
-    static __device__ void run(const Args& a) { run_block(a, blockIdx.x); }
+    static __device__ void run(const Args& a) {
+        if constexpr (kStream) stream(a);
+        else run_block(a, blockIdx.x);
+    }
     // block `block` of the launch (StagedPair: of one of its two halves)
     static __device__ void run_block(const Args& a, int64_t block) {
         extern __shared__ uint4 smem[];
@@ -380,6 +389,10 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
         trace_mark(0);  // (the input staged)
 
         float sum[kSlots] = {};
+        Lane lanes[kSlots] = {};  // (kLanes: each row's unit of this lane)
+        if constexpr (kLanes)
+#pragma unroll
+            for (int s = 0; s < kSlots; ++s) lanes[s] = D::lane(static_cast<int>(reinterpret_cast<uintptr_t>(row[s]) & 3), lane);
         if (row[0])
             for (int c = 0, slot = 0; c < n_chunks; ++c) {
                 wait_pending<kRing - 1>();  // this lane's pieces of chunk c have landed ...
@@ -402,6 +415,8 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
                 const uint8_t* buffer = stage + slot * kSlots * kStageBytes;  // (row s's: + s · kStageBytes)
                 if (kPack && c < kRing) {
                     if constexpr (kPack) chunk([&](int s, int j, const XUnit& x) { return P::dot(buffer + s * kStageBytes, kChunkUnits, j, x); });
+                } else if constexpr (kLanes) {
+                    chunk([&](int s, int, const XUnit& x) { return D::dot(buffer + s * kStageBytes + (skew(c, s) & ~3), lanes[s], x); });
                 } else {
                     chunk([&](int s, int j, const XUnit& x) { return D::dot(buffer + s * kStageBytes + skew(c, s), j, x); });
                 }
@@ -458,6 +473,107 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
                 QBlock& q = a.norm_out.q[block];
                 if (lane < 8) *reinterpret_cast<uint32_t*>(q.q + 4 * lane) = word;
                 if (lane == 0) q.d = d, a.norm_out.ss[block] = ss;
+            }
+        }
+    }
+
+    // kStream: a grid of the blocks the SMs hold at once, for a matrix of one part (or a gate and
+    // its up) in several waves of blocks (gate·up, the LM head: `streams`), whose warp w of W
+    // takes items w, w + W, ... (an item: run_block's two rows of a warp). Its ring runs on from
+    // one item's last chunk into the next one's first, so the SMs keep pulling weights where
+    // blocks would end and start, and the activations are staged once per block, not per item.
+    // Each row's sum is run_block's, in its order: the same bits. (run_block's own code, not
+    // shared with this: every form that shared its parts compiled run_block's kernels differently
+    // and slower, bench/NOTES.md, nineteenth CUDA session.)
+    static __device__ void stream(const Args& a) {
+        extern __shared__ uint4 smem[];
+        allow_next();
+        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        const bool gated = a.glu != Glu::None;
+        const int64_t rows = a.part[0].rows, items = gated ? rows : (rows + 1) / 2;
+        const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + warp, stride = static_cast<int64_t>(gridDim.x) * kWarps;
+        const int n_units = static_cast<int>(a.cols / 32);
+        const int n_chunks = (n_units + kChunkUnits - 1) / kChunkUnits;
+        uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + warp * (kBuffers * kSlots * kStageBytes);
+        // item w's rows: gate row w and up row w, or rows 2w and 2w + 1 (null past the end)
+        auto item_rows = [&](int64_t w, const uint8_t* (&row)[kSlots]) {
+            row[0] = a.part[0].w + static_cast<size_t>(gated ? w : 2 * w) * a.row_bytes;
+            row[1] = gated ? a.part[1].w + static_cast<size_t>(w) * a.row_bytes : 2 * w + 1 < rows ? row[0] + a.row_bytes : nullptr;
+        };
+        auto skew = [](const uint8_t* row, int c) { return static_cast<int>((reinterpret_cast<uintptr_t>(row) + c * kChunkBytes) & 15); };
+        // the ring's feed: chunk fc of item fi goes next, into ring buffer `slot` (one commit group,
+        // empty past the warp's last item)
+        int64_t fi = first;
+        int fc = 0;
+        const uint8_t* feed[kSlots];
+        item_rows(fi, feed);
+        auto issue = [&](int slot) {
+            if (fi < items) {
+                const int bytes = min(kChunkUnits, n_units - fc * kChunkUnits) / D::kUnits * kBlockBytes;
+#pragma unroll
+                for (int s = 0; s < kSlots; ++s) {
+                    if (!feed[s]) continue;
+                    const int k = skew(feed[s], fc), pieces = (k + bytes + 15) / 16;
+                    const uint8_t* from = feed[s] + fc * kChunkBytes - k;
+                    uint8_t* to = stage + (slot * kSlots + s) * kStageBytes;
+#pragma unroll
+                    for (int i = 0; i < (kPieces + 31) / 32; ++i)
+                        if (lane + 32 * i < pieces) copy16(to + 16 * (lane + 32 * i), from + 16 * (lane + 32 * i));
+                }
+                if (++fc == n_chunks) fc = 0, fi += stride, item_rows(fi, feed);
+            }
+            commit();
+        };
+        for (int c = 0; c < kRing; ++c) issue(c);
+        wait_inputs();
+        int4* xs = reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(smem) + kWeightSmem);
+        stage_q8<kIn>(a, xs, n_units);
+
+        int slot = 0;
+        for (int64_t w = first; w < items; w += stride) {
+            const uint8_t* row[kSlots];
+            item_rows(w, row);
+            float sum[kSlots] = {};
+            Lane lanes[kSlots] = {};  // (kLanes: as run_block's)
+            if constexpr (kLanes)
+#pragma unroll
+                for (int s = 0; s < kSlots; ++s) lanes[s] = D::lane(static_cast<int>(reinterpret_cast<uintptr_t>(row[s]) & 3), lane);
+            for (int c = 0; c < n_chunks; ++c) {
+                wait_pending<kRing - 1>();  // this lane's pieces of chunk c have landed ...
+                __syncwarp();               // ... and every lane's
+                const uint8_t* buffer = stage + slot * kSlots * kStageBytes;
+#pragma unroll
+                for (int i = 0; i < kPerLane; ++i) {
+                    const int u = c * kChunkUnits + 32 * i + lane;
+                    if (u < n_units) {  // (both rows without a branch between them, as run_block's)
+                        const XUnit x = staged_x(xs, n_units, u);
+                        if constexpr (kLanes) {
+                            sum[0] += D::dot(buffer + (skew(row[0], c) & ~3), lanes[0], x);
+                            sum[1] += D::dot(buffer + kStageBytes + (skew(row[1], c) & ~3), lanes[1], x);
+                        } else {
+                            sum[0] += D::dot(buffer + skew(row[0], c), 32 * i + lane, x);
+                            sum[1] += D::dot(buffer + kStageBytes + skew(row[1], c), 32 * i + lane, x);
+                        }
+                    }
+                }
+                __syncwarp();  // everyone is done with this buffer
+                issue(slot);
+                slot = slot == kRing - 1 ? 0 : slot + 1;
+            }
+            const float v0 = warp_sum(sum[0]), v1 = warp_sum(sum[1]);
+            if (lane != 0) continue;
+            if (gated) {
+                a.part[0].y[w] = gate_act(a.glu, v0) * v1;
+                continue;
+            }
+            const float v[kSlots] = {v0, v1};
+#pragma unroll
+            for (int s = 0; s < kSlots; ++s) {
+                if (!row[s]) continue;
+                const int64_t r = 2 * w + s;
+                const float y = a.part[0].bias ? v[s] + a.part[0].bias[r] : v[s];
+                float* out = a.part[0].y + r;
+                *out = a.accumulate ? *out + y : y;
             }
         }
     }
@@ -662,9 +778,28 @@ bool packs(int64_t blocks, size_t smem, int64_t cols) {
     return enabled && cols / 32 <= kRing * S::kChunkUnits && blocks <= static_cast<int64_t>(blocks_per_sm<K>(32 * S::kWarps, smem)) * sm_count();
 }
 
-// The one-token staged GEMV (no int8 output): packed where its format has that and `packs`.
+// Whether a one-token staged GEMV of `blocks` blocks runs as kStream's grid of the blocks the SMs
+// hold (`per_sm` an SM): a matrix of one part (or a gate and its up) in more than one wave of
+// blocks. EDGERUNNER_CUDA_STREAM=0 says never (for measurements).
+bool streams(const GemvArgs& a, int64_t blocks, int per_sm) {
+    static const bool enabled = [] {
+        const char* env = std::getenv("EDGERUNNER_CUDA_STREAM");
+        return !(env && std::string(env) == "0");
+    }();
+    return enabled && (a.glu != Glu::None || a.n_parts == 1) && blocks > static_cast<int64_t>(per_sm) * sm_count();
+}
+
+// The one-token staged GEMV (no int8 output): streamed where `streams`, else packed where its
+// format has that and `packs`.
 template <TensorType T, bool kRope, In kIn>
 Launch staged_one(const GemvArgs& a) {
+    if constexpr (!kRope && kIn != In::Norm) {
+        using K = GemvStaged<T, false, false, kIn, false, false, true>;
+        allow_staged_smem<K>();
+        const int per_sm = blocks_per_sm<K>(32 * K::kWarps, K::smem(a));
+        if (K::smem(a) <= staged_smem_limit<K>() && streams(a, staged_blocks(a, K::kWarps), per_sm))
+            return make_launch<K>(dim3(static_cast<unsigned>(per_sm * sm_count())), dim3(32 * K::kWarps), a, K::smem(a));
+    }
     if constexpr (Packed<T>::kPacks) {
         using K = GemvStaged<T, kRope, false, kIn, true>;
         if (packs<K, K>(staged_blocks(a, K::kWarps), K::smem(a), a.cols)) return staged<K>(a);

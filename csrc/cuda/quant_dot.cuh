@@ -5,6 +5,8 @@
 // (QuantDot<T>::kFast); the float formats take float activations (quant_unit.cuh).
 #pragma once
 
+#include <type_traits>
+
 #include "quant_unit.cuh"
 #include "warp.cuh"
 
@@ -361,6 +363,14 @@ struct QuantDot<TensorType::Q3_K> {
 // also moves the unit's bits into place: ql's four by 8·skew + 4·(s / 2), qh's two (bits 2s, 2s + 1
 // of each byte) to bits 4-5 by 8·skew + 2s − 4, from the word before where that is negative (the
 // bits it brings in are masked off). Four instructions a word besides the loads, not seven.
+// The eight words from ql's and qh's 4-byte aligned words (nine of each read) and the shifts.
+__device__ __forceinline__ void q6_k_join(const uint32_t* al, const uint32_t* ah, int nl, int nh, uint32_t (&w)[8]) {
+    uint32_t l[9], hi[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) l[i] = al[i], hi[i] = ah[i];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = (__funnelshift_r(l[i], l[i + 1], nl) & 0x0F0F0F0Fu) | (__funnelshift_r(hi[i], hi[i + 1], nh) & 0x30303030u);
+}
 __device__ __forceinline__ void q6_k_words(const block_q6_K& b, int j, uint32_t (&w)[8]) {
     const int h = j / 4, s = j % 4;
     const uint8_t* pl = b.ql + h * 64 + (s % 2) * 32;  // (qh's bytes below: the same skew)
@@ -368,12 +378,12 @@ __device__ __forceinline__ void q6_k_words(const block_q6_K& b, int j, uint32_t 
     const int nl = 8 * skew + 4 * (s / 2), nh = 8 * skew + 2 * s - 4;
     const uint32_t* al = reinterpret_cast<const uint32_t*>(pl - skew);
     const uint32_t* ah = reinterpret_cast<const uint32_t*>(b.qh + h * 32 - skew) - (nh < 0 ? 1 : 0);
-    uint32_t l[9], hi[9];
-#pragma unroll
-    for (int i = 0; i < 9; ++i) l[i] = al[i], hi[i] = ah[i];
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-        w[i] = (__funnelshift_r(l[i], l[i + 1], nl) & 0x0F0F0F0Fu) | (__funnelshift_r(hi[i], hi[i + 1], nh & 31) & 0x30303030u);
+    q6_k_join(al, ah, nl, nh & 31, w);
+}
+// A unit's float from its words' half dots, its two scales and the block's d.
+__device__ __forceinline__ float q6_k_unit(const int2& d, int s0, int s1, er_half scale, const XUnit& x) {
+    const int dot = s0 * (d.x - 32 * x.sum_lo) + s1 * (d.y - 32 * (x.sum - x.sum_lo));
+    return h2f(scale) * x.d * static_cast<float>(dot);
 }
 template <>
 struct QuantDot<TensorType::Q6_K> {
@@ -386,10 +396,41 @@ struct QuantDot<TensorType::Q6_K> {
         uint32_t w[8];
         q6_k_words(b, j, w);
         const int2 d = half_dots([&](int i) { return static_cast<int>(w[i]); }, x);
-        const int s0 = b.scales[h * 8 + s * 2], s1 = b.scales[h * 8 + s * 2 + 1];
-        const int dot = s0 * (d.x - 32 * x.sum_lo) + s1 * (d.y - 32 * (x.sum - x.sum_lo));
-        return h2f(b.d) * x.d * static_cast<float>(dot);
+        return q6_k_unit(d, b.scales[h * 8 + s * 2], b.scales[h * 8 + s * 2 + 1], b.d, x);
     }
+
+    // The staged GEMV's form (GemvStaged::kLanes). Its chunks of whole blocks are a multiple of 4
+    // bytes, so every chunk of a row starts as far past a 4-byte boundary: where a lane's unit
+    // lies from that boundary, and q6_k_words' shifts, are worked out once per row (Lane), not
+    // for every unit. The same words, so the same bits.
+    struct Lane {
+        int ql, qh, sc, d;  // bytes from the boundary: the first ql and qh words read, the scales, d
+        int nl, nh;         // the funnel shifts
+    };
+    // unit u of a chunk that starts k bytes past the boundary
+    static __device__ Lane lane(int k, int u) {
+        const int b = k + (u / 8) * static_cast<int>(sizeof(Block)), j = u % 8, h = j / 4, s = j % 4;
+        const int pl = b + h * 64 + (s % 2) * 32, skew = pl & 3, nh = 8 * skew + 2 * s - 4;
+        return {pl - skew, b + 128 + h * 32 - skew - (nh < 0 ? 4 : 0), b + 192 + h * 8 + s * 2, b + 208, 8 * skew + 4 * (s / 2), nh & 31};
+    }
+    static __device__ float dot(const uint8_t* base, const Lane& p, const XUnit& x) {
+        uint32_t w[8];
+        q6_k_join(reinterpret_cast<const uint32_t*>(base + p.ql), reinterpret_cast<const uint32_t*>(base + p.qh), p.nl, p.nh, w);
+        const int2 d = half_dots([&](int i) { return static_cast<int>(w[i]); }, x);
+        return q6_k_unit(d, static_cast<int8_t>(base[p.sc]), static_cast<int8_t>(base[p.sc + 1]), *reinterpret_cast<const er_half*>(base + p.d), x);
+    }
+};
+
+// Whether a QuantDot has the staged GEMV's per-lane form, and its Lane.
+template <class D, class = void>
+struct LanesOf {
+    static constexpr bool value = false;
+    struct type {};
+};
+template <class D>
+struct LanesOf<D, std::void_t<typename D::Lane>> {
+    static constexpr bool value = true;
+    using type = typename D::Lane;
 };
 
 // The staged GEMV's packed chunks (GemvStaged's kPack: a grid of one wave whose rows fit in its
