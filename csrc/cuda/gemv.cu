@@ -251,7 +251,7 @@ struct Bounds512 {
 struct NoBounds {};
 
 template <TensorType T, bool kRope, bool kQuantOut = false, In kIn = In::Q8, bool kPack = false, bool kNormOut = false,
-          bool kStream = false>
+          bool kStream = false, int kDepth = kRing>
 struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
                                        std::conditional_t<kIn == In::Norm, Bounds256x3, std::conditional_t<kNormOut, Bounds512, NoBounds>>> {
     using Args = GemvArgs;
@@ -260,7 +260,8 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
     static_assert(!kNormOut || (!kRope && !kQuantOut && kIn == In::Q8), "the norm's copy: of a plain GEMV added to the residual");
     static_assert(!kStream || (!kRope && !kQuantOut && kIn != In::Norm && !kPack && !kNormOut), "streamed: plain or gated GEMVs");
     static constexpr int kWarps = kQuantOut ? 32 : kNormOut ? 16 : kStagedWarps;
-    static constexpr int kBuffers = kQuantOut ? 1 : kRing;  // a warp's ring (one chunk per row: one)
+    static_assert(kDepth == kRing || (!kRope && !kQuantOut && kIn == In::Q8 && !kPack && !kNormOut && !kStream), "deeper rings: plain GEMVs");
+    static constexpr int kBuffers = kQuantOut ? 1 : kDepth;  // a warp's ring (one chunk per row: one)
     static constexpr int kBlockBytes = sizeof(typename D::Block);
     static constexpr int kPerLane = 64 / D::kUnits * kBlockBytes <= kMaxChunkBytes ? 2 : 1;
     static constexpr int kChunkUnits = 32 * kPerLane;
@@ -325,7 +326,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
             }
             commit();
         };
-        for (int c = 0; c < kRing; ++c) issue(c, c);
+        for (int c = 0; c < kDepth; ++c) issue(c, c);
         // what the sums join at the end, loaded off the tail: the bias before the wait (weights),
         // the residual after it (an activation)
         float bias[kSlots] = {}, residual[kSlots] = {};
@@ -361,7 +362,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
         if constexpr (kPack) {
             wait_pending<0>();
             __syncwarp();
-            for (int c = 0; c < kRing && c < n_chunks; ++c)
+            for (int c = 0; c < kDepth && c < n_chunks; ++c)
 #pragma unroll
                 for (int s = 0; s < kSlots; ++s) {
                     if (!row[s]) continue;
@@ -395,7 +396,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
             for (int s = 0; s < kSlots; ++s) lanes[s] = D::lane(static_cast<int>(reinterpret_cast<uintptr_t>(row[s]) & 3), lane);
         if (row[0])
             for (int c = 0, slot = 0; c < n_chunks; ++c) {
-                wait_pending<kRing - 1>();  // this lane's pieces of chunk c have landed ...
+                wait_pending<kDepth - 1>();  // this lane's pieces of chunk c have landed ...
                 __syncwarp();               // ... and every lane's
                 // the chunk's units of this lane, dot(s, j, x) giving row s's unit j of the chunk
                 auto chunk = [&](auto dot) {
@@ -413,7 +414,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
                     }
                 };
                 const uint8_t* buffer = stage + slot * kSlots * kStageBytes;  // (row s's: + s · kStageBytes)
-                if (kPack && c < kRing) {
+                if (kPack && c < kDepth) {
                     if constexpr (kPack) chunk([&](int s, int j, const XUnit& x) { return P::dot(buffer + s * kStageBytes, kChunkUnits, j, x); });
                 } else if constexpr (kLanes) {
                     chunk([&](int s, int, const XUnit& x) { return D::dot(buffer + s * kStageBytes + (skew(c, s) & ~3), lanes[s], x); });
@@ -421,8 +422,8 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
                     chunk([&](int s, int j, const XUnit& x) { return D::dot(buffer + s * kStageBytes + skew(c, s), j, x); });
                 }
                 __syncwarp();  // everyone is done with this buffer
-                issue(c + kRing, slot);
-                slot = slot == kRing - 1 ? 0 : slot + 1;
+                issue(c + kDepth, slot);
+                slot = slot == kDepth - 1 ? 0 : slot + 1;
             }
         trace_mark(1);  // (warp 0's dots done)
         const float v0 = warp_sum(sum[0]), v1 = warp_sum(sum[1]);
@@ -524,7 +525,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
             }
             commit();
         };
-        for (int c = 0; c < kRing; ++c) issue(c);
+        for (int c = 0; c < kDepth; ++c) issue(c);
         wait_inputs();
         int4* xs = reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(smem) + kWeightSmem);
         stage_q8<kIn>(a, xs, n_units);
@@ -539,7 +540,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
 #pragma unroll
                 for (int s = 0; s < kSlots; ++s) lanes[s] = D::lane(static_cast<int>(reinterpret_cast<uintptr_t>(row[s]) & 3), lane);
             for (int c = 0; c < n_chunks; ++c) {
-                wait_pending<kRing - 1>();  // this lane's pieces of chunk c have landed ...
+                wait_pending<kDepth - 1>();  // this lane's pieces of chunk c have landed ...
                 __syncwarp();               // ... and every lane's
                 const uint8_t* buffer = stage + slot * kSlots * kStageBytes;
 #pragma unroll
@@ -558,7 +559,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
                 }
                 __syncwarp();  // everyone is done with this buffer
                 issue(slot);
-                slot = slot == kRing - 1 ? 0 : slot + 1;
+                slot = slot == kDepth - 1 ? 0 : slot + 1;
             }
             const float v0 = warp_sum(sum[0]), v1 = warp_sum(sum[1]);
             if (lane != 0) continue;
@@ -789,8 +790,22 @@ bool streams(const GemvArgs& a, int64_t blocks, int per_sm) {
     return enabled && (a.glu != Glu::None || a.n_parts == 1) && blocks > static_cast<int64_t>(per_sm) * sm_count();
 }
 
+// Whether a plain one-token staged GEMV takes K, a deeper ring than three: where its rows stream
+// more chunks than three and K's grid is still one wave (a grid of few blocks an SM, such as the
+// 8B's down projections: two, with shared memory to spare). EDGERUNNER_CUDA_DEPTH=0 says never.
+template <class K>
+bool deepens(const GemvArgs& a) {
+    static const bool enabled = [] {
+        const char* env = std::getenv("EDGERUNNER_CUDA_DEPTH");
+        return !(env && std::string(env) == "0");
+    }();
+    if (!enabled || a.cols / 32 <= kRing * K::kChunkUnits || K::smem(a) > staged_smem_limit<K>()) return false;
+    allow_staged_smem<K>();
+    return staged_blocks(a, K::kWarps) <= static_cast<int64_t>(blocks_per_sm<K>(32 * K::kWarps, K::smem(a))) * sm_count();
+}
+
 // The one-token staged GEMV (no int8 output): streamed where `streams`, else packed where its
-// format has that and `packs`.
+// format has that and `packs`, else with a deeper ring where `deepens`.
 template <TensorType T, bool kRope, In kIn>
 Launch staged_one(const GemvArgs& a) {
     if constexpr (!kRope && kIn != In::Norm) {
@@ -803,6 +818,10 @@ Launch staged_one(const GemvArgs& a) {
     if constexpr (Packed<T>::kPacks) {
         using K = GemvStaged<T, kRope, false, kIn, true>;
         if (packs<K, K>(staged_blocks(a, K::kWarps), K::smem(a), a.cols)) return staged<K>(a);
+    }
+    if constexpr (!kRope && kIn == In::Q8) {
+        if (deepens<GemvStaged<T, false, false, In::Q8, false, false, false, 6>>(a)) return staged<GemvStaged<T, false, false, In::Q8, false, false, false, 6>>(a);
+        if (deepens<GemvStaged<T, false, false, In::Q8, false, false, false, 4>>(a)) return staged<GemvStaged<T, false, false, In::Q8, false, false, false, 4>>(a);
     }
     return staged<GemvStaged<T, kRope, false, kIn>>(a);
 }
