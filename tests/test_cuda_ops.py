@@ -111,16 +111,18 @@ def test_gemv_equals_float64(name):
     n = 2 * (256 if name in K_TYPES else 32)
     check(random_weights(name, 257, n, rng)[rng.integers(0, 257, 20011)], n, f"rows=20011 n={n} seed {seed}")
     if name in GEMM_TYPES:
-        # several waves of blocks with rows of several chunks: the streamed kernel (a grid of what
-        # the SMs hold, each warp's ring running on from one pair of rows into the next) gives
-        # each row the bits of the same row in a one-wave launch (checked against float64)
-        n = 5120
-        unique, picks = random_weights(name, 257, n, rng), rng.integers(0, 257, 20011)
-        x = random_activations(rng, 1, n)
-        assert_matmul_close(name, unique, x, f"rows=257 n={n} seed {seed}")
-        one_wave = _core.cuda_matmul(quants.type_id(name), unique, x, "auto")
-        streamed = _core.cuda_matmul(quants.type_id(name), unique[picks], x, "auto")
-        assert np.array_equal(streamed[0], one_wave[0][picks]), f"{name} rows=20011 n={n} seed {seed}: the streamed GEMV differs"
+        # Each row the bits of the same row in a launch of 17 blocks (checked against float64):
+        # 20011 rows of 5120 values, several waves of blocks with rows of several chunks (the
+        # streamed kernel: a grid of what the SMs hold, each warp's ring running on from one pair of
+        # rows into the next); 4001 rows of 8192, one wave of about two blocks an SM on an H200
+        # whose rows stream more chunks than three (a deeper ring of four or six chunks)
+        for n_rows, n in ((20011, 5120), (4001, 8192)):
+            unique, picks = random_weights(name, 257, n, rng), rng.integers(0, 257, n_rows)
+            x = random_activations(rng, 1, n)
+            assert_matmul_close(name, unique, x, f"rows=257 n={n} seed {seed}")
+            small = _core.cuda_matmul(quants.type_id(name), unique, x, "auto")
+            large = _core.cuda_matmul(quants.type_id(name), unique[picks], x, "auto")
+            assert np.array_equal(large[0], small[0][picks]), f"{name} rows={n_rows} n={n} seed {seed}: differs from the same rows' launch of 17 blocks"
 
 
 # the formats the tensor-core GEMM takes (the GEMV's int8 ones)

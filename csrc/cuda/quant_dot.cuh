@@ -355,6 +355,14 @@ struct QuantDot<TensorType::Q3_K> {
     }
 };
 
+// Q6_K's eight words of a unit (q6_k_words below) from ql's and qh's 4-byte aligned words (nine of each read) and the shifts.
+__device__ __forceinline__ void q6_k_join(const uint32_t* al, const uint32_t* ah, int nl, int nh, uint32_t (&w)[8]) {
+    uint32_t l[9], hi[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) l[i] = al[i], hi[i] = ah[i];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = (__funnelshift_r(l[i], l[i + 1], nl) & 0x0F0F0F0Fu) | (__funnelshift_r(hi[i], hi[i + 1], nh) & 0x30303030u);
+}
 // Q6_K: unit j = h·4 + s of a super-block (210 bytes: 2-byte aligned) has its low four bits in
 // ql[h·64 + (s % 2)·32 ..] (shifted by 4·(s / 2)), its high two in qh[h·32 ..] (shifted by
 // 2·s), and two integer scales, one per 16 elements; weights are q − 32. q6_k_words: the unit's
@@ -363,14 +371,6 @@ struct QuantDot<TensorType::Q3_K> {
 // also moves the unit's bits into place: ql's four by 8·skew + 4·(s / 2), qh's two (bits 2s, 2s + 1
 // of each byte) to bits 4-5 by 8·skew + 2s − 4, from the word before where that is negative (the
 // bits it brings in are masked off). Four instructions a word besides the loads, not seven.
-// The eight words from ql's and qh's 4-byte aligned words (nine of each read) and the shifts.
-__device__ __forceinline__ void q6_k_join(const uint32_t* al, const uint32_t* ah, int nl, int nh, uint32_t (&w)[8]) {
-    uint32_t l[9], hi[9];
-#pragma unroll
-    for (int i = 0; i < 9; ++i) l[i] = al[i], hi[i] = ah[i];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = (__funnelshift_r(l[i], l[i + 1], nl) & 0x0F0F0F0Fu) | (__funnelshift_r(hi[i], hi[i + 1], nh) & 0x30303030u);
-}
 __device__ __forceinline__ void q6_k_words(const block_q6_K& b, int j, uint32_t (&w)[8]) {
     const int h = j / 4, s = j % 4;
     const uint8_t* pl = b.ql + h * 64 + (s % 2) * 32;  // (qh's bytes below: the same skew)
