@@ -108,7 +108,8 @@ struct Gemv {
 // kernel waits for its input. Instruction issue and shared-memory wavefronts limit the dots
 // (bench/NOTES.md): chunks of one or two units per lane keep the ring's bookkeeping small beside
 // the dot products, the weights are read by shared (not generic) loads, and where every chunk is
-// staged before the wait the block packs them meanwhile (kPack below).
+// staged before the wait the block packs them meanwhile (kPack below). Where a warp's ring of three
+// does not keep enough bytes in flight, two forms keep more (kStream, kDepth below).
 constexpr int kStagedWarps = 8;
 constexpr int64_t kMaxStagedCols = 65536;  // activations of up to this many columns in shared memory (96 KiB)
 constexpr int kRing = 3;                   // chunk buffers per row
@@ -238,7 +239,11 @@ constexpr int fold_passes(int warps) { return static_cast<int>(kMaxFoldCols / 4 
 // rewritten into aligned fields while the block waits for its input, quant_dot.cuh's Packed: a
 // grid of one wave whose rows fit in the ring, `packs`), kNormOut (GemvArgs::norm_out: blocks of
 // 16 warps, whose 32 rows of the residual are one unit of its norm's int8 copy, quantized by warp
-// 0 once the block's rows are stored).
+// 0 once the block's rows are stored), kStream (a matrix of several waves of blocks: a grid of the
+// blocks the SMs hold, each warp's ring running on through its rows, `stream`), kDepth (a ring of
+// four or six chunks a row: a one-wave grid of few blocks an SM whose rows stream more chunks
+// than three, such as the 8B's down projections, `deepens`; their dots wait on the ring, whose
+// next chunks arrive a loaded memory's latency after they are asked for).
 struct Bounds1024 {
     static constexpr int kBlockThreads = 1024, kMinBlocks = 1;
 };
@@ -483,9 +488,9 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
     // takes items w, w + W, ... (an item: run_block's two rows of a warp). Its ring runs on from
     // one item's last chunk into the next one's first, so the SMs keep pulling weights where
     // blocks would end and start, and the activations are staged once per block, not per item.
-    // Each row's sum is run_block's, in its order: the same bits. (run_block's own code, not
-    // shared with this: every form that shared its parts compiled run_block's kernels differently
-    // and slower, bench/NOTES.md, nineteenth CUDA session.)
+    // Each row's sum is run_block's, in its order: the same bits. (Its own code, not helpers
+    // shared with run_block: a form that shared them compiled every run_block kernel differently,
+    // 0.3–0.8 % slower: bench/NOTES.md, nineteenth CUDA session.)
     static __device__ void stream(const Args& a) {
         extern __shared__ uint4 smem[];
         allow_next();
@@ -820,8 +825,10 @@ Launch staged_one(const GemvArgs& a) {
         if (packs<K, K>(staged_blocks(a, K::kWarps), K::smem(a), a.cols)) return staged<K>(a);
     }
     if constexpr (!kRope && kIn == In::Q8) {
-        if (deepens<GemvStaged<T, false, false, In::Q8, false, false, false, 6>>(a)) return staged<GemvStaged<T, false, false, In::Q8, false, false, false, 6>>(a);
-        if (deepens<GemvStaged<T, false, false, In::Q8, false, false, false, 4>>(a)) return staged<GemvStaged<T, false, false, In::Q8, false, false, false, 4>>(a);
+        using K6 = GemvStaged<T, false, false, In::Q8, false, false, false, 6>;
+        using K4 = GemvStaged<T, false, false, In::Q8, false, false, false, 4>;
+        if (deepens<K6>(a)) return staged<K6>(a);
+        if (deepens<K4>(a)) return staged<K4>(a);
     }
     return staged<GemvStaged<T, kRope, false, kIn>>(a);
 }
