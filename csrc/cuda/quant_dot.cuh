@@ -355,30 +355,40 @@ struct QuantDot<TensorType::Q3_K> {
     }
 };
 
-// Q6_K's eight words of a unit (q6_k_words below) from ql's and qh's 4-byte aligned words (nine of each read) and the shifts.
-__device__ __forceinline__ void q6_k_join(const uint32_t* al, const uint32_t* ah, int nl, int nh, uint32_t (&w)[8]) {
-    uint32_t l[9], hi[9];
-#pragma unroll
-    for (int i = 0; i < 9; ++i) l[i] = al[i], hi[i] = ah[i];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = (__funnelshift_r(l[i], l[i + 1], nl) & 0x0F0F0F0Fu) | (__funnelshift_r(hi[i], hi[i + 1], nh) & 0x30303030u);
-}
 // Q6_K: unit j = h·4 + s of a super-block (210 bytes: 2-byte aligned) has its low four bits in
 // ql[h·64 + (s % 2)·32 ..] (shifted by 4·(s / 2)), its high two in qh[h·32 ..] (shifted by
 // 2·s), and two integer scales, one per 16 elements; weights are q − 32. q6_k_words: the unit's
 // 6-bit q as eight words of bytes (elements 4i..4i+3 in word i).
-// The words come from 2-byte aligned addresses (words()); each funnel shift that aligns a word
-// also moves the unit's bits into place: ql's four by 8·skew + 4·(s / 2), qh's two (bits 2s, 2s + 1
-// of each byte) to bits 4-5 by 8·skew + 2s − 4, from the word before where that is negative (the
-// bits it brings in are masked off). Four instructions a word besides the loads, not seven.
+// The words come from 2-byte aligned addresses; each funnel shift that aligns a word also moves
+// the unit's bits into place: ql's four by 8·skew + 4·(s / 2), qh's two (bits 2s, 2s + 1 of each
+// byte) to bits 4-5 by 8·skew + 2s − 4, from the word before where that is negative (the bits it
+// brings in are masked off). Four instructions a word besides the loads, not seven.
+// q6_k_lane: where unit u of blocks that start k bytes past a 4-byte boundary lies from that
+// boundary (the first ql and qh words read, the scales, d) and the two shifts; the staged GEMV
+// works it out once per row (QuantDot<Q6_K>::Lane).
+struct Q6KLane {
+    int ql, qh, sc, d;
+    int nl, nh;
+};
+__device__ __forceinline__ Q6KLane q6_k_lane(int k, int u) {
+    const int b = k + (u / 8) * static_cast<int>(sizeof(block_q6_K)), j = u % 8, h = j / 4, s = j % 4;
+    const int pl = b + h * 64 + (s % 2) * 32, skew = pl & 3, nh = 8 * skew + 2 * s - 4;
+    return {pl - skew, b + 128 + h * 32 - skew - (nh < 0 ? 4 : 0), b + 192 + h * 8 + s * 2, b + 208, 8 * skew + 4 * (s / 2), nh & 31};
+}
+// The unit's eight words from the boundary `base` (nine aligned words of ql and of qh read).
+__device__ __forceinline__ void q6_k_join(const uint8_t* base, const Q6KLane& p, uint32_t (&w)[8]) {
+    const uint32_t* al = reinterpret_cast<const uint32_t*>(base + p.ql);
+    const uint32_t* ah = reinterpret_cast<const uint32_t*>(base + p.qh);
+    uint32_t l[9], hi[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) l[i] = al[i], hi[i] = ah[i];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = (__funnelshift_r(l[i], l[i + 1], p.nl) & 0x0F0F0F0Fu) | (__funnelshift_r(hi[i], hi[i + 1], p.nh) & 0x30303030u);
+}
 __device__ __forceinline__ void q6_k_words(const block_q6_K& b, int j, uint32_t (&w)[8]) {
-    const int h = j / 4, s = j % 4;
-    const uint8_t* pl = b.ql + h * 64 + (s % 2) * 32;  // (qh's bytes below: the same skew)
-    const int skew = static_cast<int>(reinterpret_cast<uintptr_t>(pl) & 3);
-    const int nl = 8 * skew + 4 * (s / 2), nh = 8 * skew + 2 * s - 4;
-    const uint32_t* al = reinterpret_cast<const uint32_t*>(pl - skew);
-    const uint32_t* ah = reinterpret_cast<const uint32_t*>(b.qh + h * 32 - skew) - (nh < 0 ? 1 : 0);
-    q6_k_join(al, ah, nl, nh & 31, w);
+    const uint8_t* block = reinterpret_cast<const uint8_t*>(&b);
+    const int k = static_cast<int>(reinterpret_cast<uintptr_t>(block) & 3);
+    q6_k_join(block - k, q6_k_lane(k, j), w);
 }
 // A unit's float from its words' half dots, its two scales and the block's d.
 __device__ __forceinline__ float q6_k_unit(const int2& d, int s0, int s1, er_half scale, const XUnit& x) {
@@ -401,21 +411,14 @@ struct QuantDot<TensorType::Q6_K> {
 
     // The staged GEMV's form (GemvStaged::kLanes). Its chunks of whole blocks are a multiple of 4
     // bytes, so every chunk of a row starts as far past a 4-byte boundary: where a lane's unit
-    // lies from that boundary, and q6_k_words' shifts, are worked out once per row (Lane), not
-    // for every unit. The same words, so the same bits.
-    struct Lane {
-        int ql, qh, sc, d;  // bytes from the boundary: the first ql and qh words read, the scales, d
-        int nl, nh;         // the funnel shifts
-    };
+    // lies from that boundary, and its shifts, are worked out once per row (Lane), not for every
+    // unit. The same words, so the same bits.
+    using Lane = Q6KLane;
     // unit u of a chunk that starts k bytes past the boundary
-    static __device__ Lane lane(int k, int u) {
-        const int b = k + (u / 8) * static_cast<int>(sizeof(Block)), j = u % 8, h = j / 4, s = j % 4;
-        const int pl = b + h * 64 + (s % 2) * 32, skew = pl & 3, nh = 8 * skew + 2 * s - 4;
-        return {pl - skew, b + 128 + h * 32 - skew - (nh < 0 ? 4 : 0), b + 192 + h * 8 + s * 2, b + 208, 8 * skew + 4 * (s / 2), nh & 31};
-    }
+    static __device__ Lane lane(int k, int u) { return q6_k_lane(k, u); }
     static __device__ float dot(const uint8_t* base, const Lane& p, const XUnit& x) {
         uint32_t w[8];
-        q6_k_join(reinterpret_cast<const uint32_t*>(base + p.ql), reinterpret_cast<const uint32_t*>(base + p.qh), p.nl, p.nh, w);
+        q6_k_join(base, p, w);
         const int2 d = half_dots([&](int i) { return static_cast<int>(w[i]); }, x);
         return q6_k_unit(d, static_cast<int8_t>(base[p.sc]), static_cast<int8_t>(base[p.sc + 1]), *reinterpret_cast<const er_half*>(base + p.d), x);
     }
