@@ -9,16 +9,21 @@ kernel launch of the last steps (a step ends with the sampler), averaged over th
   adds    what it adds to the step: its last end after the previous launch's last end
 
 and, for kernels that mark points of their body (trace_mark: the input staged, the arithmetic
-done), the median block's time after its wait split at those marks.
+done), the median block's time after its wait split at those marks. With --blocks, chosen launches
+of the last step block by block: when their blocks started, their waits returned, they ended
+(quantiles, after the previous launch's end) and how many of its blocks each SM ran (a launch
+of more blocks than the SMs hold runs in waves).
 
-    python bench/trace_summary.py OUT.csv [--steps 8] [--all [--first N]] [--save LAST2.csv.gz]
+    python bench/trace_summary.py OUT.csv [--steps 8] [--all [--first N]] [--blocks I,J] [--save LAST2.csv.gz]
+
+(OUT.csv: trace_step.py's file, or a --save'd one.)
 """
 import argparse
 import csv
 import gzip
 import re
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 
 def short(name: str) -> str:
@@ -57,16 +62,40 @@ def launches(rows):
     return out
 
 
+def show_blocks(i: int, launch: dict, prev_end: int) -> None:
+    """Launch i's blocks: quantiles of their start, wait and end after the previous launch's end,
+    of the time to each mark, and how many of its blocks each SM ran."""
+    b = launch["blocks"]
+    q = (0, 10, 25, 50, 75, 90, 100)
+
+    def line(label, values):
+        v = sorted(values)
+        if v:
+            print(f"  {label:<22}" + "".join(f"{v[int(p / 100 * (len(v) - 1) + 0.5)]:8.2f}" for p in q))  # (nearest rank)
+
+    per_sm = Counter(Counter(x["sm"] for x in b).values())
+    waves = ", ".join(f"{n} on {per_sm[n]}" for n in sorted(per_sm))
+    print(f"{i:3d} {launch['name']}: {len(b)} blocks on {sum(per_sm.values())} SMs (blocks an SM: {waves})")
+    print(f"  {'µs, quantiles':<22}" + "".join(f"{p:7d}%" for p in q))
+    us = 1e-3
+    line("start", [(x["start"] - prev_end) * us for x in b])
+    line("wait returned", [(x["waited"] - prev_end) * us for x in b if x["waited"]])
+    line("end", [(x["end"] - prev_end) * us for x in b])
+    line("mark 0, after the wait", [(x["mark0"] - x["waited"]) * us for x in b if x["mark0"] and x["waited"]])
+    line("mark 1, after mark 0", [(x["mark1"] - x["mark0"]) * us for x in b if x["mark1"] and x["mark0"]])
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("trace")
     p.add_argument("--steps", type=int, default=8, help="the last this many decode steps")
     p.add_argument("--all", action="store_true", help="every launch of one step, in order, not per kernel")
     p.add_argument("--first", type=int, help="with --all: only the step's first this many launches")
+    p.add_argument("--blocks", help="the last step's launches I,J,... (numbered as --all prints them) block by block")
     p.add_argument("--save", help="write the blocks of the last two steps here (gzip CSV, names shortened)")
     args = p.parse_args()
     rows = []
-    with open(args.trace) as f:
+    with (gzip.open(args.trace, "rt") if args.trace.endswith(".gz") else open(args.trace)) as f:
         for r in csv.DictReader(f):
             rows.append({"name": short(r["kernel"]), "sm": int(r["sm"]), "block": int(r["block"]), "blocks_total": int(r["blocks"]),
                          "start": int(r["start"]), "waited": int(r["waited"]), "end": int(r["end"]),
@@ -88,6 +117,13 @@ def main() -> None:
                         f.write(f"{l['name'].replace(',', ';')},{b['sm']},{b['block']},{b['blocks_total']},{b['start']},{b['waited']},"
                                 f"{b['end']},{b['mark0']},{b['mark1']}\n")
     us = 1e-3
+    if args.blocks:
+        prev_end, step = steps[-1]
+        for i in (int(x) for x in args.blocks.split(",")):
+            if not 0 <= i < len(step):
+                raise SystemExit(f"--blocks: the last step has launches 0 to {len(step) - 1}, not {i}")
+            show_blocks(i, step[i], step[i - 1]["end"] if i else prev_end)
+        return
     table = defaultdict(lambda: defaultdict(list))
     step_times = []
     for prev_end, step in steps:

@@ -63,3 +63,20 @@ def test_marks_split_the_time_after_the_wait(tmp_path):
     assert marks["GemvStaged<Q4_0;"] == [0.25, 0.8, 0.5]
     assert marks["RmsNorm"] == [0.4, None, 0.6]  # (one mark)
     assert "Embed<Q4_0>" not in marks  # (none)
+
+
+def test_blocks_of_chosen_launches_from_a_saved_trace(tmp_path):
+    """--save's file read back (gzip), and --blocks: a launch's blocks after the previous launch's
+    end, as quantiles, and how many of them each SM ran."""
+    summary(tmp_path, "--save", str(tmp_path / "last2.csv.gz"))
+    out = subprocess.run([sys.executable, str(BENCH / "trace_summary.py"), str(tmp_path / "last2.csv.gz"), "--steps", "1", "--blocks", "2,4"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "  2 GemvStaged<Q4_0; false; false; false>: 3 blocks on 3 SMs (blocks an SM: 1 on 3)"
+    rows = {l[:24].strip(): [float(x) for x in l[24:].split()] for l in out[2:7]}
+    assert rows["start"] == [-0.6, -0.6, -0.6, -0.6, -0.57, -0.57, -0.57]  # (after the norm's end, 2.6 µs into the step)
+    assert rows["end"] == [2.4, 2.4, 2.5, 2.5, 2.6, 2.6, 2.6]
+    assert rows["mark 1, after mark 0"] == [1.0] * 7
+    assert out[7].startswith("  4 Sample: 1 blocks on 1 SMs")
+    bad = subprocess.run([sys.executable, str(BENCH / "trace_summary.py"), str(tmp_path / "last2.csv.gz"), "--steps", "1", "--blocks", "9"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "launches 0 to 4, not 9" in bad.stderr
