@@ -31,10 +31,10 @@ def test_cuda_logits_close_to_float64_reference(tiny_models, case):
 
 
 # Q4_K + Q6_K super-blocks; Q4_0's 2-byte aligned blocks; Q8_0's 34-byte ones; an f32 cache; wide
-# models, one with an odd shape, and one with a long LM head (below)
+# models, one with an odd shape, one with the 8B's attention shape, and one with a long LM head (below)
 @pytest.mark.parametrize("ttype,kv_type,shape", [("Q4_K_M", "f16", "small"), ("Q4_0", "f16", "small"), ("Q8_0", "f16", "small"),
                                                  ("Q4_0", "f32", "small"), ("Q4_0", "f16", "wide"), ("Q4_K_M", "f16", "wide"),
-                                                 ("Q4_0", "f16", "odd"), ("Q8_0", "f16", "long_head")])
+                                                 ("Q4_K_M", "f16", "8b_attention"), ("Q4_0", "f16", "odd"), ("Q8_0", "f16", "long_head")])
 def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
     """reset, extend, decode and rewinds give the logits of one full prefill exactly: in steps
     of up to 15 tokens (chunks of 8 here) each token's kernels do the same arithmetic whatever
@@ -59,14 +59,18 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
     chunks of their rows through the GEMVs' rings (the down projection four a row), and their
     first norm is the norm kernel's 512 threads (the folded norm's blocks have 256); Q4_K_M's Q6_K layer runs its
     Q·K + V pair there. The odd model's rows of 66 units end in a chunk of two, and its 33 query
-    heads on 3 KV heads make sets of 4, 4 and 3 per group in the decode attention.
+    heads on 3 KV heads make sets of 4, 4 and 3 per group in the decode attention. The 8B-attention
+    model (rows of 4096 values, 32 heads on 8 KV heads) runs Q·K·V as one Q4_K launch in its first
+    layer and as the pair in its second, whose Q6_K V rows are four chunks, one more than the ring
+    holds (the last is asked for after the wait).
     (From 16 tokens on, prefill takes the tensor-core GEMM, on bf16 weights and activations,
     and the tiled attention: other arithmetic, checked against float64 and the CPU backend.)"""
     from edgerunner.model_builder import write_random_model
 
     path = tmp_path / "m.gguf"
     dims = {"wide": dict(n_heads=16, n_kv_heads=4, dim=2048, ffn_dim=8192),
-            "odd": dict(n_heads=33, n_kv_heads=3, dim=2112, ffn_dim=5664)}.get(shape, dict(n_heads=2, n_kv_heads=1, dim=256, ffn_dim=512))
+            "odd": dict(n_heads=33, n_kv_heads=3, dim=2112, ffn_dim=5664),
+            "8b_attention": dict(n_heads=32, n_kv_heads=8, dim=4096, ffn_dim=1024)}.get(shape, dict(n_heads=2, n_kv_heads=1, dim=256, ffn_dim=512))
     if shape == "long_head":
         dims["vocab_size"] = 20000
     write_random_model(path, arch="llama", preset="tiny", tensor_type=ttype, seed=5, **dims)
