@@ -33,7 +33,8 @@
 #                                         value in turn (ROUNDS=2: twice over): A/B runs within one build
 #   bench/h200.sh trace NAME...           the block timeline of 16 recorded decode steps of /tmp/m/NAME.gguf
 #                                         (bench/trace_step.py, with /tmp/site-trace), per kernel and, for the
-#                                         first 40 launches of a step, launch by launch (bench/trace_summary.py)
+#                                         first 40 launches of a step, launch by launch (bench/trace_summary.py;
+#                                         its --blocks I,J on the file saved under $OUT: launches block by block)
 #   bench/h200.sh parts NAME...           recorded tg128 of /tmp/m/NAME.gguf with each part of the step left out in
 #                                         turn (EDGERUNNER_CUDA_SKIP=norm, attention, ...): what a part costs a token
 #                                         in the running graph, where ncu's serialised kernels cannot tell
