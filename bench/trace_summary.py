@@ -67,17 +67,18 @@ def show_blocks(i: int, launch: dict, prev_end: int) -> None:
     of the time to each mark, and how many of its blocks each SM ran."""
     b = launch["blocks"]
     q = (0, 10, 25, 50, 75, 90, 100)
+    us = 1e-3
 
     def line(label, values):
         v = sorted(values)
         if v:
             print(f"  {label:<22}" + "".join(f"{v[int(p / 100 * (len(v) - 1) + 0.5)]:8.2f}" for p in q))  # (nearest rank)
 
-    per_sm = Counter(Counter(x["sm"] for x in b).values())
+    per_sm = Counter(Counter(x["sm"] for x in b).values())  # blocks an SM ran → how many SMs ran that many
     waves = ", ".join(f"{n} on {per_sm[n]}" for n in sorted(per_sm))
-    print(f"{i:3d} {launch['name']}: {len(b)} blocks on {sum(per_sm.values())} SMs (blocks an SM: {waves})")
+    n_sm = sum(per_sm.values())
+    print(f"{i:3d} {launch['name']}: {len(b)} block{'s' * (len(b) != 1)} on {n_sm} SM{'s' * (n_sm != 1)} (blocks an SM: {waves})")
     print(f"  {'µs, quantiles':<22}" + "".join(f"{p:7d}%" for p in q))
-    us = 1e-3
     line("start", [(x["start"] - prev_end) * us for x in b])
     line("wait returned", [(x["waited"] - prev_end) * us for x in b if x["waited"]])
     line("end", [(x["end"] - prev_end) * us for x in b])

@@ -76,7 +76,7 @@ def test_blocks_of_chosen_launches_from_a_saved_trace(tmp_path):
     assert rows["start"] == [-0.6, -0.6, -0.6, -0.6, -0.57, -0.57, -0.57]  # (after the norm's end, 2.6 µs into the step)
     assert rows["end"] == [2.4, 2.4, 2.5, 2.5, 2.6, 2.6, 2.6]
     assert rows["mark 1, after mark 0"] == [1.0] * 7
-    assert out[7].startswith("  4 Sample: 1 blocks on 1 SMs")
+    assert out[7].startswith("  4 Sample: 1 block on 1 SM (blocks an SM: 1 on 1)")
     bad = subprocess.run([sys.executable, str(BENCH / "trace_summary.py"), str(tmp_path / "last2.csv.gz"), "--steps", "1", "--blocks", "9"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "launches 0 to 4, not 9" in bad.stderr
