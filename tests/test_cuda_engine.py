@@ -49,7 +49,8 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
     kernel (steps of several tokens), or in one-token steps from the GEMV that adds the residual
     before it, a unit at a time, read by GEMVs that scale each unit by the row's 1/rms
     (GemvArgs::norm_out and xq_ss, where the producer's blocks take at most half the SMs: on an
-    H200 every norm after the first layer's in all four shapes, the final one too), or
+    H200 every norm after the first layer's in the small, wide, odd and long-head shapes, the final
+    one too; the 8B-attention model's 128 blocks of 32 rows take more, and its norm kernel runs), or
     from the one-token GEMVs that read it, each block normalizing the row itself with another
     block size (GemvArgs::norm: the small models' first norm; the wide and odd models' grids
     would read more than the fold's budget). The long-head model's 20000 short LM-head rows
