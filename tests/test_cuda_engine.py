@@ -52,7 +52,7 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
     H200 every norm after the first layer's in the small, wide, odd and long-head shapes, the final
     one too; the 8B-attention model's 128 blocks of 32 rows take more, and its norm kernel runs), or
     from the one-token GEMVs that read it, each block normalizing the row itself with another
-    block size (GemvArgs::norm: the small models' first norm; the wide and odd models' grids
+    block size (GemvArgs::norm: the small models' first norm; the wide, odd and 8B-attention models' grids
     would read more than the fold's budget). The long-head model's 20000 short LM-head rows
     take the short-row kernel, GemvRows. The wide models (rows of 2048 values,
     heads of 128, 8192 gate·up rows: more blocks of 32 than a GPU has SMs, so their one-token
