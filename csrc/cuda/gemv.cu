@@ -1141,6 +1141,42 @@ Launch gemv(TensorType type, const GemvArgs& args) {
     return fn(args);
 }
 
+namespace {
+
+// Each Q6_K super-block from the file's layout into the device layout (quant_dot.cuh), in place,
+// one thread a block: unit j = h·4 + s's element l has its low nibble in ql[h·64 + (s % 2)·32 + l]
+// (the high one for s ≥ 2) and its two high bits at 2s of qh[h·32 + l].
+__global__ void q6_k_device_layout(uint8_t* data, int64_t n_blocks) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_blocks) return;
+    uint8_t* b = data + i * static_cast<int64_t>(sizeof(block_q6_K));
+    uint8_t ql[128], qh[64];
+    for (int k = 0; k < 128; ++k) ql[k] = b[k];
+    for (int k = 0; k < 64; ++k) qh[k] = b[128 + k];
+    for (int j = 0; j < 8; ++j) {
+        const int h = j / 4, s = j % 4;
+        auto low = [&](int l) { return (ql[h * 64 + (s % 2) * 32 + l] >> (4 * (s / 2))) & 0xF; };
+        auto high = [&](int l) { return (qh[h * 32 + l] >> (2 * s)) & 3; };
+        for (int l = 0; l < 16; ++l) b[16 * j + l] = static_cast<uint8_t>(low(l) | low(16 + l) << 4);
+        for (int w = 0; w < 2; ++w)
+            for (int l = 0; l < 4; ++l) {
+                int v = 0;
+                for (int k = 0; k < 4; ++k) v |= high(16 * w + 4 * k + l) << (2 * k);
+                b[128 + 8 * j + 4 * w + l] = static_cast<uint8_t>(v);
+            }
+    }
+}
+
+}  // namespace
+
+void to_device_layout(TensorType type, uint8_t* data, size_t bytes, cudaStream_t stream) {
+    if (type != TensorType::Q6_K) return;
+    const int64_t n_blocks = static_cast<int64_t>(bytes / sizeof(block_q6_K));
+    if (n_blocks == 0) return;
+    q6_k_device_layout<<<static_cast<unsigned>((n_blocks + 255) / 256), 256, 0, stream>>>(data, n_blocks);
+    ER_CUDA(cudaGetLastError());
+}
+
 std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, size_t row_bytes, const float* x, int64_t n_tokens,
                           int64_t n, GemmKernel kernel) {
     const int64_t q_stride = (n / 32 + 3) / 4 * 4;  // QBlocks per token row, rows on 16-byte boundaries (as the runner's)
@@ -1151,6 +1187,7 @@ std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, 
     const int64_t h_stride = (n + 7) / 8 * 8;
     auto xh = device_alloc<uint16_t>(static_cast<size_t>(n_tokens * h_stride));
     ER_CUDA(cudaMemcpy(w.get(), rows, static_cast<size_t>(n_rows) * row_bytes, cudaMemcpyHostToDevice));
+    to_device_layout(type, w.get(), static_cast<size_t>(n_rows) * row_bytes, nullptr);
     ER_CUDA(cudaMemcpy(xd.get(), x, static_cast<size_t>(n_tokens * n) * sizeof(float), cudaMemcpyHostToDevice));
     GemvArgs args;
     args.part[0] = GemvPart{w.get(), nullptr, yd.get(), n_rows, n_rows};

@@ -131,6 +131,11 @@ bool gemv_folds_norm(TensorType type, const GemvArgs& args);
 bool gemv_norms_out(TensorType type, const GemvArgs& args);
 size_t qblock_bytes();
 
+// A weight of `bytes` (whole blocks) just copied to the device, put into the layout the kernels
+// read, in place, on `stream`: Q6_K's (quant_dot.cuh: each unit's bits gathered); every other
+// format is read as stored.
+void to_device_layout(TensorType type, uint8_t* data, size_t bytes, cudaStream_t stream);
+
 struct QuantizeArgs {
     const float* x;  // n_tokens rows of cols floats, x_stride apart
     QBlock* out;     // cols/32 blocks per token, out_stride apart: d = max|x| / 127, q = round(x / d)

@@ -355,35 +355,44 @@ struct QuantDot<TensorType::Q3_K> {
     }
 };
 
-// Q6_K: unit j = h·4 + s of a super-block (210 bytes: 2-byte aligned) has its low four bits in
-// ql[h·64 + (s % 2)·32 ..] (shifted by 4·(s / 2)), its high two in qh[h·32 ..] (shifted by
-// 2·s), and two integer scales, one per 16 elements; weights are q − 32. q6_k_words: the unit's
-// 6-bit q as eight words of bytes (elements 4i..4i+3 in word i).
-// The words come from 2-byte aligned addresses; each funnel shift that aligns a word also moves
-// the unit's bits into place: ql's four by 8·skew + 4·(s / 2), qh's two (bits 2s, 2s + 1 of each
-// byte) to bits 4-5 by 8·skew + 2s − 4, from the word before where that is negative (the bits it
-// brings in are masked off). Four instructions a word besides the loads, not seven.
+// Q6_K, in the device layout the upload gives it (q6_k_device_layout, ops.cu; the same 210 bytes a
+// super-block, ql and qh rearranged, the scales and d where they are): unit j's 32 low nibbles as
+// 16 bytes at ql[16j] (elements i and 16 + i in byte i, low and high nibble), its high two bits
+// as 8 bytes at qh[8j] (word w, byte i, bits 2k, 2k + 1: element 16w + 4k + i), two integer scales
+// at scales[2j], one per 16 elements; weights are q − 32. (The file's layout spreads a unit's bits
+// over 64 bytes of ql and qh, four-byte loads of which bounded the decode GEMV's dots: bench/NOTES.md,
+// twenty-second CUDA session.) q6_k_words: the unit's 6-bit q as eight words of bytes (elements
+// 4m..4m+3 in word m). The blocks are 2-byte aligned: the words come from aligned loads and funnel
+// shifts (the low nibbles' shift for the high half, 4, joins the aligning one).
 // q6_k_lane: where unit u of blocks that start k bytes past a 4-byte boundary lies from that
-// boundary (the first ql and qh words read, the scales, d) and the two shifts; the staged GEMV
-// works it out once per row (QuantDot<Q6_K>::Lane).
+// boundary (the first ql and qh words read, the scales, d) and the two aligning shifts; the staged
+// GEMV works it out once per row (QuantDot<Q6_K>::Lane).
 struct Q6KLane {
     int ql, qh, sc, d;
     int nl, nh;
 };
 __device__ __forceinline__ Q6KLane q6_k_lane(int k, int u) {
-    const int b = k + (u / 8) * static_cast<int>(sizeof(block_q6_K)), j = u % 8, h = j / 4, s = j % 4;
-    const int pl = b + h * 64 + (s % 2) * 32, skew = pl & 3, nh = 8 * skew + 2 * s - 4;
-    return {pl - skew, b + 128 + h * 32 - skew - (nh < 0 ? 4 : 0), b + 192 + h * 8 + s * 2, b + 208, 8 * skew + 4 * (s / 2), nh & 31};
+    const int b = k + (u / 8) * static_cast<int>(sizeof(block_q6_K)), j = u % 8;
+    const int pl = b + 16 * j, ph = b + 128 + 8 * j;
+    return {pl - (pl & 3), ph - (ph & 3), b + 192 + 2 * j, b + 208, 8 * (pl & 3), 8 * (ph & 3)};
 }
-// The unit's eight words from the boundary `base` (nine aligned words of ql and of qh read).
+// The unit's eight words from the boundary `base` (five aligned words of ql and three of qh read).
 __device__ __forceinline__ void q6_k_join(const uint8_t* base, const Q6KLane& p, uint32_t (&w)[8]) {
     const uint32_t* al = reinterpret_cast<const uint32_t*>(base + p.ql);
     const uint32_t* ah = reinterpret_cast<const uint32_t*>(base + p.qh);
-    uint32_t l[9], hi[9];
+    uint32_t l[5], a[3], h[2];
 #pragma unroll
-    for (int i = 0; i < 9; ++i) l[i] = al[i], hi[i] = ah[i];
+    for (int i = 0; i < 5; ++i) l[i] = al[i];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = (__funnelshift_r(l[i], l[i + 1], p.nl) & 0x0F0F0F0Fu) | (__funnelshift_r(hi[i], hi[i + 1], p.nh) & 0x30303030u);
+    for (int i = 0; i < 3; ++i) a[i] = ah[i];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) h[i] = __funnelshift_r(a[i], a[i + 1], p.nh);
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+        const int k = m % 4;  // (element 4m + i's high bits: bits 2k of word m / 4's byte i, to bits 4-5)
+        const uint32_t hi = k < 2 ? h[m / 4] << (4 - 2 * k) : h[m / 4] >> (2 * k - 4);
+        w[m] = (__funnelshift_r(l[m % 4], l[m % 4 + 1], p.nl + 4 * (m / 4)) & 0x0F0F0F0Fu) | (hi & 0x30303030u);
+    }
 }
 __device__ __forceinline__ void q6_k_words(const block_q6_K& b, int j, uint32_t (&w)[8]) {
     const uint8_t* block = reinterpret_cast<const uint8_t*>(&b);

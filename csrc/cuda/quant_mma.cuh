@@ -233,8 +233,9 @@ struct MmaUnit<TensorType::Q5_K> : KHalf<block_q5_K> {
     static __device__ uint2 quants(const uint8_t* tile, int u, int t) { return q45_k_words<Block, true>(tile, u, t); }
 };
 
-// Q6_K: unit u = h·4 + s, elements l: low nibble of ql[h·64 + (s % 2)·32 + l] (high nibble for
-// s ≥ 2), two bits at 2s of qh[h·32 + l], − 32; scales[h·8 + s·2] for l < 16, the next above.
+// Q6_K in its device layout (quant_dot.cuh): unit u's elements i and 16 + i in the low and high
+// nibble of ql[16u + i], element 16w + 4k + i's two high bits at 2k of qh[8u + 4w + i], − 32;
+// scales[2u] for the first 16 elements, the next above.
 template <>
 struct MmaUnit<TensorType::Q6_K> {
     static constexpr bool kFast = true, kMin = false, kSplit = true, kSigned = false;
@@ -247,12 +248,10 @@ struct MmaUnit<TensorType::Q6_K> {
     }
     static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
         const Block& b = *reinterpret_cast<const Block*>(tile);
-        const int h = u / 4, s = u % 4;
-        const uint8_t* ql = b.ql + h * 64 + (s % 2) * 32;
-        const uint8_t* qh = b.qh + h * 32;
-        const int shift = 4 * (s / 2);
-        auto word = [&](int l) { return (ld32(ql + l) >> shift & kLowNibbles) | (ld32(qh + l) >> (2 * s) & 0x03030303u) << 4; };
-        return {word(4 * t), word(16 + 4 * t)};
+        const uint32_t lo = ld32(b.ql + 16 * u + 4 * t);
+        const uint8_t* qh = b.qh + 8 * u;
+        return {(lo & kLowNibbles) | (ld32(qh) >> (2 * t) & 0x03030303u) << 4,
+                (lo >> 4 & kLowNibbles) | (ld32(qh + 4) >> (2 * t) & 0x03030303u) << 4};
     }
 };
 

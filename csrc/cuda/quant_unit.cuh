@@ -202,18 +202,20 @@ struct Unit<TensorType::Q5_K> {
     static __device__ void load(const uint8_t* row, int64_t u, float* w) { q45_k_load<block_q5_K, true>(row, u, w); }
 };
 
-// Q6_K: unit j = h·4 + s: low nibble of ql[h·64 + (s % 2)·32 + l] (high nibble for s ≥ 2), two
-// bits at 2s of qh[h·32 + l], minus 32; two sub-blocks of 16 with int8 scales.
+// Q6_K in its device layout (quant_dot.cuh): element l of unit j: the low (l < 16) or high nibble
+// of ql[16j + l % 16], two bits at 2·((l % 16) / 4) of qh[8j + 4·(l / 16) + l % 4], minus 32;
+// scales[2j] for l < 16, the next above.
 template <>
 struct Unit<TensorType::Q6_K> {
     using Block = block_q6_K;
     static __device__ void load(const uint8_t* row, int64_t u, float* w) {
         const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
-        const int j = static_cast<int>(u % 8), h = j / 4, s = j % 4;
+        const int j = static_cast<int>(u % 8);
         for (int l = 0; l < 32; ++l) {
-            const int lo = (b.ql[h * 64 + (s % 2) * 32 + l] >> (4 * (s / 2))) & 0xF;
-            const int hi = (b.qh[h * 32 + l] >> (2 * s)) & 3;
-            w[l] = h2f(b.d) * static_cast<float>(b.scales[h * 8 + s * 2 + l / 16]) * static_cast<float>((lo | hi << 4) - 32);
+            const int r = l % 16;
+            const int lo = (b.ql[16 * j + r] >> (4 * (l / 16))) & 0xF;
+            const int hi = (b.qh[8 * j + 4 * (l / 16) + r % 4] >> (2 * (r / 4))) & 3;
+            w[l] = h2f(b.d) * static_cast<float>(b.scales[2 * j + l / 16]) * static_cast<float>((lo | hi << 4) - 32);
         }
     }
 };

@@ -71,7 +71,8 @@ struct DeviceModel {
 };
 
 // Every weight the plans use, into one allocation, through two pinned staging buffers: the CPU
-// copies chunk i+1 out of the mapped file while the GPU pulls chunk i.
+// copies chunk i+1 out of the mapped file while the GPU pulls chunk i; each weight then put into
+// the layout the kernels read (to_device_layout: Q6_K's rearranged).
 std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans) {
     auto m = std::make_shared<DeviceModel>();
     std::vector<const Weight*> weights;
@@ -107,6 +108,7 @@ std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans) {
             used[buffer] = true;
             buffer ^= 1;
         }
+        to_device_layout(w->type, dst, weight_bytes(*w), stream);
         offset += round_up(weight_bytes(*w), 256);
     }
     ER_CUDA(cudaStreamSynchronize(stream));
