@@ -355,7 +355,7 @@ struct QuantDot<TensorType::Q3_K> {
     }
 };
 
-// Q6_K, in the device layout the upload gives it (q6_k_device_layout, ops.cu; the same 210 bytes a
+// Q6_K, in the device layout the upload gives it (q6_k_device_layout, gemv.cu; the same 210 bytes a
 // super-block, ql and qh rearranged, the scales and d where they are): unit j's 32 low nibbles as
 // 16 bytes at ql[16j] (elements i and 16 + i in byte i, low and high nibble), its high two bits
 // as 8 bytes at qh[8j] (word w, byte i, bits 2k, 2k + 1: element 16w + 4k + i), two integer scales
