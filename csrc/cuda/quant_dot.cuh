@@ -411,11 +411,11 @@ struct QuantDot<TensorType::Q6_K> {
     static constexpr int kUnits = 8;
     static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
         const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
-        const int j = static_cast<int>(u % 8), h = j / 4, s = j % 4;
+        const int j = static_cast<int>(u % 8);
         uint32_t w[8];
         q6_k_words(b, j, w);
         const int2 d = half_dots([&](int i) { return static_cast<int>(w[i]); }, x);
-        return q6_k_unit(d, b.scales[h * 8 + s * 2], b.scales[h * 8 + s * 2 + 1], b.d, x);
+        return q6_k_unit(d, b.scales[2 * j], b.scales[2 * j + 1], b.d, x);
     }
 
     // The staged GEMV's form (GemvStaged::kLanes). Its chunks of whole blocks are a multiple of 4
@@ -567,12 +567,12 @@ struct Packed<TensorType::Q6_K> {
     };
     static __device__ Unit load(const uint8_t* raw, int u) {
         const block_q6_K& b = reinterpret_cast<const block_q6_K*>(raw)[u / 8];
-        const int j = u % 8, h = j / 4, s = j % 4;
+        const int j = u % 8;
         uint32_t w[8];
         q6_k_words(b, j, w);
 #pragma unroll
         for (int i = 0; i < 8; ++i) w[i] = __vsub4(w[i], 0x20202020u);
-        const uint16_t scales = static_cast<uint16_t>(static_cast<uint8_t>(b.scales[h * 8 + s * 2]) | static_cast<uint8_t>(b.scales[h * 8 + s * 2 + 1]) << 8);
+        const uint16_t scales = static_cast<uint16_t>(static_cast<uint8_t>(b.scales[2 * j]) | static_cast<uint8_t>(b.scales[2 * j + 1]) << 8);
         return {{make_uint4(w[0], w[1], w[2], w[3]), make_uint4(w[4], w[5], w[6], w[7])}, scales, b.d};
     }
     static __device__ void store(uint8_t* chunk, int n, int u, const Unit& v) {
