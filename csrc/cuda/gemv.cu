@@ -1167,14 +1167,40 @@ __global__ void q6_k_device_layout(uint8_t* data, int64_t n_blocks) {
     }
 }
 
+// Each Q4_K super-block from the file's layout into the device layout (q4_k_scale_min,
+// quant_unit.cuh), in place, one thread a block: unit j's element l is nibble j % 2 of
+// qs[(j / 2)·32 + l]; its scale and min as k_scale_min reads them.
+__global__ void q4_k_device_layout(uint8_t* data, int64_t n_blocks) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_blocks) return;
+    block_q4_K& b = reinterpret_cast<block_q4_K*>(data)[i];
+    uint8_t scales[12], qs[128];
+    for (int k = 0; k < 12; ++k) scales[k] = b.scales[k];
+    for (int k = 0; k < 128; ++k) qs[k] = b.qs[k];
+    for (int k = 8; k < 12; ++k) b.scales[k] = 0;
+    for (int j = 0; j < 8; ++j) {
+        int sc, m;
+        k_scale_min(scales, j, &sc, &m);
+        b.scales[j] = static_cast<uint8_t>(sc | (m & 3) << 6);
+        b.scales[8 + j / 2] |= static_cast<uint8_t>((m >> 2) << (4 * (j % 2)));
+        auto q = [&](int l) { return (qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0xF; };
+        for (int l = 0; l < 16; ++l) b.qs[16 * j + l] = static_cast<uint8_t>(q(l) | q(16 + l) << 4);
+    }
+}
+
+template <typename Block>
+void rearrange(void (*kernel)(uint8_t*, int64_t), uint8_t* data, size_t bytes, cudaStream_t stream) {
+    const int64_t n_blocks = static_cast<int64_t>(bytes / sizeof(Block));
+    if (n_blocks == 0) return;
+    kernel<<<static_cast<unsigned>((n_blocks + 255) / 256), 256, 0, stream>>>(data, n_blocks);
+    ER_CUDA(cudaGetLastError());
+}
+
 }  // namespace
 
 void to_device_layout(TensorType type, uint8_t* data, size_t bytes, cudaStream_t stream) {
-    if (type != TensorType::Q6_K) return;
-    const int64_t n_blocks = static_cast<int64_t>(bytes / sizeof(block_q6_K));
-    if (n_blocks == 0) return;
-    q6_k_device_layout<<<static_cast<unsigned>((n_blocks + 255) / 256), 256, 0, stream>>>(data, n_blocks);
-    ER_CUDA(cudaGetLastError());
+    if (type == TensorType::Q4_K) rearrange<block_q4_K>(q4_k_device_layout, data, bytes, stream);
+    if (type == TensorType::Q6_K) rearrange<block_q6_K>(q6_k_device_layout, data, bytes, stream);
 }
 
 std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, size_t row_bytes, const float* x, int64_t n_tokens,

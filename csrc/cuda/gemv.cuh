@@ -132,8 +132,8 @@ bool gemv_norms_out(TensorType type, const GemvArgs& args);
 size_t qblock_bytes();
 
 // A weight of `bytes` (whole blocks) just copied to the device, put into the layout the kernels
-// read, in place, on `stream`: Q6_K's (quant_dot.cuh: each unit's bits gathered); every other
-// format is read as stored.
+// read, in place, on `stream`: Q4_K's (quant_unit.cuh) and Q6_K's (quant_dot.cuh): each unit's bits
+// gathered; every other format is read as stored.
 void to_device_layout(TensorType type, uint8_t* data, size_t bytes, cudaStream_t stream);
 
 struct QuantizeArgs {

@@ -223,13 +223,11 @@ struct QuantDot<TensorType::Q8_0> {
     }
 };
 
-// Q4_K (the most instructions a byte of the fast formats but Q6_K's, in the GEMVs that stream
-// their weights: bench/NOTES.md, eighteenth CUDA session): the block's first 16 bytes (d, dmin and
-// the twelve bytes of scales) in one load, the unit's scale and min picked without a branch (lanes
-// 0-3 and 4-7 of a block take the two forms of k_scale_min), its 16 bytes of nibbles in two
-// 16-byte loads (rows on 16-byte boundaries: gemv() checks), the nibbles masked where they lie
-// and the dot divided by 16 for the high ones. The same integers as the plain form (Q5_K's below
-// without its fifth bits): the same bits.
+// Q4_K, in its device layout (q4_k_scale_min, quant_unit.cuh): the block's first 16 bytes (d, dmin
+// and the twelve bytes of scales) in one load, the unit's scale and min picked by a byte permute
+// and a shift, its 16 bytes of nibbles in one 16-byte load (rows on 16-byte boundaries: gemv()
+// checks), the high nibbles masked where they lie and their dot divided by 16. The same integers
+// as the plain form (Q5_K's below without its fifth bits): the same bits.
 template <>
 struct QuantDot<TensorType::Q4_K> {
     static constexpr bool kFast = true;
@@ -237,21 +235,19 @@ struct QuantDot<TensorType::Q4_K> {
     static constexpr int kUnits = 8;
     static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
         const uint8_t* b = row + (u / 8) * sizeof(Block);
-        const int j = static_cast<int>(u % 8), shift = 4 * (j % 2);
-        const uint4 head = *reinterpret_cast<const uint4*>(b);  // d | dmin, scales 0-3, 4-7, 8-11
-        const uint32_t pick = 0x4440u | static_cast<uint32_t>(j % 4);
-        const int s0 = static_cast<int>(__byte_perm(head.y, 0, pick)), s1 = static_cast<int>(__byte_perm(head.z, 0, pick)),
-                  s2 = static_cast<int>(__byte_perm(head.w, 0, pick));
-        const int sc = j < 4 ? s0 & 63 : (s2 & 0xF) | (s0 >> 6) << 4;
-        const int m = j < 4 ? s1 & 63 : (s2 >> 4) | (s1 >> 6) << 4;
-        const uint4* q = reinterpret_cast<const uint4*>(b + 16 + (j / 2) * 32);
-        const uint4 q0 = q[0], q1 = q[1];
-        const uint32_t w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-        const uint32_t mask = 0x0F0F0F0Fu << shift;
-        int dot = 0;
+        const int j = static_cast<int>(u % 8);
+        const uint4 head = *reinterpret_cast<const uint4*>(b);  // d | dmin, scales 0-3, 4-7, the mins' high nibbles
+        const int s = static_cast<int>(__byte_perm(head.y, head.z, static_cast<uint32_t>(j)));  // (scales[j] in byte 0)
+        const int sc = s & 63, m = (s >> 6 & 3) | static_cast<int>(head.w >> (4 * j) & 0xF) << 2;
+        const uint4 q = *reinterpret_cast<const uint4*>(b + 16 + 16 * j);
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+        int lo = 0, hi = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) dot = dp4a_us(w[i] & mask, x.w[i], dot);
-        dot >>= shift;  // (a multiple of 16 where the nibbles were the high ones)
+        for (int i = 0; i < 4; ++i) {
+            lo = __dp4a(static_cast<int>(w[i] & 0x0F0F0F0Fu), x.w[i], lo);
+            hi = dp4a_us(w[i] & 0xF0F0F0F0u, x.w[4 + i], hi);
+        }
+        const int dot = lo + (hi >> 4);  // (hi: 16 times the high nibbles' dot)
         const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(head.x & 0xFFFF)));
         const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(head.x >> 16)));
         return x.d * (d * static_cast<float>(sc * dot) - dmin * static_cast<float>(m * x.sum));
@@ -516,8 +512,9 @@ struct Packed<TensorType::Q8_0> {
     }
 };
 
-// Q4_K: a unit's 32 nibbles as Q4_0's 16 bytes (low nibbles elements 0..15, high ones 16..31),
-// its 6-bit scale and min as two bytes, the block's d and dmin per block.
+// Q4_K: a unit's 32 nibbles as Q4_0's 16 bytes (as its device layout holds them: low nibbles
+// elements 0..15, high ones 16..31), its 6-bit scale and min as two bytes, the block's d and dmin
+// per block.
 template <>
 struct Packed<TensorType::Q4_K> {
     static constexpr bool kPacks = true;
@@ -529,15 +526,10 @@ struct Packed<TensorType::Q4_K> {
     };
     static __device__ Unit load(const uint8_t* raw, int u) {
         const block_q4_K& b = reinterpret_cast<const block_q4_K*>(raw)[u / 8];
-        const int j = u % 8, shift = 4 * (j % 2);
+        const int j = u % 8;
         int sc, m;
-        k_scale_min(b.scales, j, &sc, &m);
-        uint32_t q[8];
-        words_aligned(b.qs + (j / 2) * 32, q);
-        uint32_t w[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) w[i] = (q[i] >> shift & 0x0F0F0F0Fu) | (q[i + 4] >> shift & 0x0F0F0F0Fu) << 4;
-        return {make_uint4(w[0], w[1], w[2], w[3]), static_cast<uint16_t>(sc | m << 8), *reinterpret_cast<const uint32_t*>(&b.d)};
+        q4_k_scale_min(b.scales, j, &sc, &m);
+        return {reinterpret_cast<const uint4*>(b.qs)[j], static_cast<uint16_t>(sc | m << 8), *reinterpret_cast<const uint32_t*>(&b.d)};
     }
     static __device__ void store(uint8_t* chunk, int n, int u, const Unit& v) {
         reinterpret_cast<uint4*>(chunk)[u] = v.q;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
 
 #include "quant_dot.cuh"
 
@@ -183,12 +184,14 @@ struct MmaUnit<TensorType::Q3_K> {
     }
 };
 
-// Q4_K / Q5_K: unit u = sub-block u, elements l = nibble u % 2 of qs[(u / 2)·32 + l] (+ bit u of
-// qh[l] as the fifth bit, Q5_K); weight = d·sc·q − dmin·m. Their blocks are whole 16-byte pieces
-// (rows stay on 16-byte boundaries), so the GEMM stages only what a half (units 4h..4h+3)
-// reads: the pieces before qs (d, dmin, scales, Q5_K's qh) and the half of qs that holds it, in
-// that order (kHalfPieces, half_piece) — `tile` is that staged copy: unit u's qs at
-// qs + ((u % 4) / 2)·32.
+// Q4_K / Q5_K: unit u = sub-block u; weight = d·sc·q − dmin·m. Q4_K in its device layout
+// (q4_k_scale_min, quant_unit.cuh): element l of unit u in nibble l / 16 of qs[16u + l % 16]. Q5_K as
+// the file holds it: element l = nibble u % 2 of qs[(u / 2)·32 + l], bit u of qh[l] the fifth bit.
+// Their blocks are whole 16-byte pieces (rows stay on 16-byte boundaries), so the GEMM stages only
+// what a half (units 4h..4h+3) reads: the pieces before qs (d, dmin, scales, Q5_K's qh) and the
+// 64 bytes of qs that hold it (qs[64h..64h+63] in both layouts), in that order (kHalfPieces,
+// half_piece) — `tile` is that staged copy: unit u's qs at qs + (u % 4)·16 (Q4_K) or
+// qs + ((u % 4) / 2)·32 (Q5_K).
 template <typename Block>
 struct KHalf {
     static constexpr int kHead = offsetof(Block, qs) / 16, kHalfPieces = kHead + 4;
@@ -198,21 +201,10 @@ template <typename Block>
 __device__ __forceinline__ UnitScale k_scale(const uint8_t* tile, int u) {
     const Block& b = *reinterpret_cast<const Block*>(tile);
     int sc, m;
-    k_scale_min(b.scales, u, &sc, &m);
+    if constexpr (std::is_same_v<Block, block_q4_K>) q4_k_scale_min(b.scales, u, &sc, &m);
+    else k_scale_min(b.scales, u, &sc, &m);
     const float s = h2f(b.d) * exact_float(sc), mn = -h2f(b.dmin) * exact_float(m);
     return {s, s, mn, mn};
-}
-template <typename Block, bool kFiveBit>
-__device__ __forceinline__ uint2 q45_k_words(const uint8_t* tile, int u, int t) {
-    const Block& b = *reinterpret_cast<const Block*>(tile);
-    const uint8_t* q = b.qs + ((u % 4) / 2) * 32;  // (the staged half)
-    const int shift = 4 * (u % 2);
-    uint2 w = {ld32a(q + 4 * t) >> shift & kLowNibbles, ld32a(q + 16 + 4 * t) >> shift & kLowNibbles};  // (144 / 176-byte blocks)
-    if constexpr (kFiveBit) {
-        w.x |= (ld32a(b.qh + 4 * t) >> u & 0x01010101u) << 4;
-        w.y |= (ld32a(b.qh + 16 + 4 * t) >> u & 0x01010101u) << 4;
-    }
-    return w;
 }
 
 template <>
@@ -221,7 +213,10 @@ struct MmaUnit<TensorType::Q4_K> : KHalf<block_q4_K> {
     static constexpr int kBias = 0, kUnits = 8;
     using Block = block_q4_K;
     static __device__ UnitScale scale(const uint8_t* tile, int u) { return k_scale<Block>(tile, u); }
-    static __device__ uint2 quants(const uint8_t* tile, int u, int t) { return q45_k_words<Block, false>(tile, u, t); }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
+        const uint32_t w = ld32a(reinterpret_cast<const Block*>(tile)->qs + 16 * (u % 4) + 4 * t);  // (the staged half)
+        return {w & kLowNibbles, w >> 4 & kLowNibbles};
+    }
 };
 
 template <>
@@ -230,7 +225,13 @@ struct MmaUnit<TensorType::Q5_K> : KHalf<block_q5_K> {
     static constexpr int kBias = 0, kUnits = 8;
     using Block = block_q5_K;
     static __device__ UnitScale scale(const uint8_t* tile, int u) { return k_scale<Block>(tile, u); }
-    static __device__ uint2 quants(const uint8_t* tile, int u, int t) { return q45_k_words<Block, true>(tile, u, t); }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
+        const Block& b = *reinterpret_cast<const Block*>(tile);
+        const uint8_t* q = b.qs + ((u % 4) / 2) * 32;  // (the staged half)
+        const int shift = 4 * (u % 2);
+        const uint2 w = {ld32a(q + 4 * t) >> shift & kLowNibbles, ld32a(q + 16 + 4 * t) >> shift & kLowNibbles};  // (176-byte blocks)
+        return {w.x | (ld32a(b.qh + 4 * t) >> u & 0x01010101u) << 4, w.y | (ld32a(b.qh + 16 + 4 * t) >> u & 0x01010101u) << 4};
+    }
 };
 
 // Q6_K in its device layout (quant_dot.cuh): unit u's elements i and 16 + i in the low and high

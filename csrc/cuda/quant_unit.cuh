@@ -17,7 +17,7 @@ namespace edgerunner::cuda {
 
 __device__ __forceinline__ float h2f(er_half h) { return __half2float(h); }
 
-// 6-bit scale and min j of a Q4_K / Q5_K block (ggml's get_scale_min_k4).
+// 6-bit scale and min j of a Q4_K / Q5_K block as the file holds it (ggml's get_scale_min_k4).
 __device__ __forceinline__ void k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
     if (j < 4) {
         *sc = s[j] & 63;
@@ -26,6 +26,16 @@ __device__ __forceinline__ void k_scale_min(const uint8_t* s, int j, int* sc, in
         *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
         *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     }
+}
+// Q4_K in the device layout the upload gives it (q4_k_device_layout, gemv.cu; the same 144 bytes a
+// super-block, d and dmin where they are, scales and qs rearranged): unit j's 32 nibbles as 16
+// bytes at qs[16j] (elements i and 16 + i in byte i, low and high nibble, as Q4_0's), its 6-bit
+// scale in bits 0-5 of scales[j], its 6-bit min's low two bits in bits 6-7 of scales[j] and its high
+// four in nibble j of scales[8..11]. (The file's layout puts a unit's nibbles in 32 bytes shared
+// with the next unit and its scale and min in two forms: bench/NOTES.md, twenty-third CUDA session.)
+__device__ __forceinline__ void q4_k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
+    *sc = s[j] & 63;
+    *m = s[j] >> 6 | ((s[8 + j / 2] >> (4 * (j % 2))) & 0xF) << 2;
 }
 
 template <TensorType T>
@@ -179,27 +189,37 @@ struct Unit<TensorType::Q3_K> {
     }
 };
 
-template <typename Block, bool kFiveBit>
-__device__ __forceinline__ void q45_k_load(const uint8_t* row, int64_t u, float* w) {
-    const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
-    const int j = static_cast<int>(u % 8);
-    int sc, m;
-    k_scale_min(b.scales, j, &sc, &m);
-    const float d = h2f(b.d) * static_cast<float>(sc), dm = h2f(b.dmin) * static_cast<float>(m);
-    for (int l = 0; l < 32; ++l) {
-        int v = (b.qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0xF;
-        if constexpr (kFiveBit) v |= ((b.qh[l] >> j) & 1) << 4;
-        w[l] = d * static_cast<float>(v) - dm;
-    }
-}
-
+// Q4_K in its device layout (q4_k_scale_min): element l of unit j in the low (l < 16) or high
+// nibble of qs[16j + l % 16]; weight = d·sc·q − dmin·m.
 template <>
 struct Unit<TensorType::Q4_K> {
-    static __device__ void load(const uint8_t* row, int64_t u, float* w) { q45_k_load<block_q4_K, false>(row, u, w); }
+    using Block = block_q4_K;
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8);
+        int sc, m;
+        q4_k_scale_min(b.scales, j, &sc, &m);
+        const float d = h2f(b.d) * static_cast<float>(sc), dm = h2f(b.dmin) * static_cast<float>(m);
+        for (int l = 0; l < 16; ++l) {
+            w[l] = d * static_cast<float>(b.qs[16 * j + l] & 0xF) - dm;
+            w[l + 16] = d * static_cast<float>(b.qs[16 * j + l] >> 4) - dm;
+        }
+    }
 };
 template <>
 struct Unit<TensorType::Q5_K> {
-    static __device__ void load(const uint8_t* row, int64_t u, float* w) { q45_k_load<block_q5_K, true>(row, u, w); }
+    using Block = block_q5_K;
+    static __device__ void load(const uint8_t* row, int64_t u, float* w) {
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8);
+        int sc, m;
+        k_scale_min(b.scales, j, &sc, &m);
+        const float d = h2f(b.d) * static_cast<float>(sc), dm = h2f(b.dmin) * static_cast<float>(m);
+        for (int l = 0; l < 32; ++l) {
+            const int v = ((b.qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0xF) | ((b.qh[l] >> j) & 1) << 4;
+            w[l] = d * static_cast<float>(v) - dm;
+        }
+    }
 };
 
 // Q6_K in its device layout (quant_dot.cuh): element l of unit j: the low (l < 16) or high nibble

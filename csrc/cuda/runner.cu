@@ -72,7 +72,7 @@ struct DeviceModel {
 
 // Every weight the plans use, into one allocation, through two pinned staging buffers: the CPU
 // copies chunk i+1 out of the mapped file while the GPU pulls chunk i; each weight then put into
-// the layout the kernels read (to_device_layout: Q6_K's rearranged).
+// the layout the kernels read (to_device_layout: Q4_K's and Q6_K's rearranged).
 std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans) {
     auto m = std::make_shared<DeviceModel>();
     std::vector<const Weight*> weights;
