@@ -263,7 +263,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
     using D = QuantDot<T>;
     static constexpr bool kNorm = kIn == In::Norm;
     static_assert(!kNormOut || (!kRope && !kQuantOut && kIn == In::Q8), "the norm's copy: of a plain GEMV added to the residual");
-    static_assert(!kStream || (!kRope && !kQuantOut && kIn != In::Norm && !kPack && !kNormOut), "streamed: plain or gated GEMVs");
+    static_assert(!kStream || (!kRope && !kQuantOut && !kNorm && !kPack && !kNormOut), "streamed: plain or gated GEMVs");
     static constexpr int kWarps = kQuantOut ? 32 : kNormOut ? 16 : kStagedWarps;
     static_assert(kDepth == kRing || (!kRope && !kQuantOut && kIn == In::Q8 && !kPack && !kNormOut && !kStream), "deeper rings: plain GEMVs");
     static constexpr int kBuffers = kQuantOut ? 1 : kDepth;  // a warp's ring (one chunk per row: one)
