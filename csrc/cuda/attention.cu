@@ -51,7 +51,10 @@ __device__ __forceinline__ void write_head(const AttentionArgs& a, int64_t t, in
 // thread, softmaxes over the block, and sums the weighted V rows a key per warp at a time (as the
 // split path's warps do), the warps' sums then added in order. No partial results, no counter,
 // no chain of keys through one warp, and the group's heads on as many SMs. The choice is by the
-// token's own key count, so its arithmetic is still the same whatever the step size.
+// token's own key count, so its arithmetic is still the same whatever the step size. The grid
+// is (KV head × set, token × run): blocks start in that order, so the short path's blocks (runs
+// 0 .. 3 of every set) are its first ones and take the SMs that free up first, ahead of the blocks
+// that have no work (8B Q4_K_M +0.5 %: bench/NOTES.md, twenty-fourth CUDA session).
 constexpr int kDecodeWarps = 8, kDecodeHeads = 4, kSplits = 32, kSplitKeys = 32;  // runs of 32: 2–5 % faster decode than 64 or 128
 constexpr int kShortMaxKeys = 32 * kDecodeWarps;  // the short path's most keys (a thread each) ...
 constexpr size_t kShortSmem = 96 * 1024;          // ... where they fit in this (two blocks an SM)
@@ -102,10 +105,10 @@ struct DecodeAttention {
         allow_next();
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         const int hd = a.head_dim, group = a.n_head / a.n_head_kv, sets = (group + kDecodeHeads - 1) / kDecodeHeads;
-        const int64_t t = blockIdx.x / kSplits;
-        const int split = static_cast<int>(blockIdx.x % kSplits);
-        const int g = static_cast<int>(blockIdx.y) / sets;                             // the KV head
-        const int h0 = g * group + (static_cast<int>(blockIdx.y) % sets) * kDecodeHeads;  // its first query head here
+        const int64_t t = blockIdx.y / kSplits;
+        const int split = static_cast<int>(blockIdx.y % kSplits);
+        const int g = static_cast<int>(blockIdx.x) / sets;                             // the KV head
+        const int h0 = g * group + (static_cast<int>(blockIdx.x) % sets) * kDecodeHeads;  // its first query head here
         const int nh = min(kDecodeHeads, (g + 1) * group - h0);
         // (the step block is written before the step's first kernel starts: no wait for it)
         const int64_t pos0 = *a.pos0, pos = pos0 + t;
@@ -221,7 +224,7 @@ struct DecodeAttention {
         __syncthreads();
         __shared__ bool last;
         if (threadIdx.x == 0) {
-            int32_t* done = a.done + t * gridDim.y + blockIdx.y;
+            int32_t* done = a.done + t * gridDim.x + blockIdx.x;
             last = atomicAdd(done, 1) == n_split - 1;
             if (last) *done = 0;  // ready for the next step
         }
@@ -675,7 +678,7 @@ Launch attention(KvType kv, const AttentionArgs& a, int64_t fewest_keys) {
     }
     if (!a.partial || !a.done) throw std::logic_error("the decode attention needs its scratch (attention_scratch)");
     const int64_t sets = (group + kDecodeHeads - 1) / kDecodeHeads;
-    const dim3 grid(static_cast<unsigned>(a.n_tokens * kSplits), static_cast<unsigned>(a.n_head_kv * sets)), block(32 * kDecodeWarps);
+    const dim3 grid(static_cast<unsigned>(a.n_head_kv * sets), static_cast<unsigned>(a.n_tokens * kSplits)), block(32 * kDecodeWarps);
     const int dims = (a.head_dim + 31) / 32;
     AttentionArgs d = a;
     const int few = short_keys(kv, a);
