@@ -262,13 +262,22 @@ struct DecodeAttention {
         const int head_bytes = hd * (K == KvType::F16 ? 2 : 4);
         const ShortLayout at(head_bytes, hd, a.short_keys);
         const int pieces = head_bytes / 16;  // per row (head_bytes % 16 == 0: short_keys says so)
+        // a thread's piece c of every step-th row, from row r0 (threads past step · pieces: none);
+        // its divisions once, not per piece: blocks that start only as the previous kernel ends
+        // issue the earlier steps' rows before their wait, on the step's critical path
+        const int step = static_cast<int>(blockDim.x) / pieces, c = static_cast<int>(threadIdx.x) % pieces,
+                  r0 = static_cast<int>(threadIdx.x) / pieces;
         // rows [from, to) of K and V into shared memory: row i is position start + i
         auto stage = [&](int from, int to) {
-            for (int e = threadIdx.x; e < 2 * (to - from) * pieces; e += blockDim.x) {
-                const int which = e / ((to - from) * pieces), rest = e % ((to - from) * pieces);
-                const int i = from + rest / pieces, c = rest % pieces;
-                const uint8_t* slot = (which ? a.v_cache : a.k_cache) + static_cast<size_t>((start + i) % a.capacity) * a.slot_bytes;
-                copy16(smem + (which ? at.v : at.k) + static_cast<size_t>(i) * at.row + 16 * c, slot + static_cast<size_t>(g) * head_bytes + 16 * c);
+            if (r0 < step && from + r0 < to) {
+                int64_t p = (start + from + r0) % a.capacity;  // row i's slot
+                for (int i = from + r0; i < to; i += step) {
+                    const size_t at_row = static_cast<size_t>(i) * at.row + 16 * c;
+                    const size_t at_slot = static_cast<size_t>(p) * a.slot_bytes + static_cast<size_t>(g) * head_bytes + 16 * c;
+                    copy16(smem + at.k + at_row, a.k_cache + at_slot);
+                    copy16(smem + at.v + at_row, a.v_cache + at_slot);
+                    for (p += step; p >= a.capacity;) p -= a.capacity;
+                }
             }
             commit();
         };
