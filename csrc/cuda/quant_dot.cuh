@@ -135,8 +135,20 @@ __device__ __forceinline__ int iq4_dot(const uint32_t (&w)[4], const XUnit& x) {
 
 // Nibble words w (bytes 4i..4i+3 of a unit's 16 bytes of quants: elements 4i.. in the low
 // nibbles, 16 + 4i.. in the high ones), with the fifth bits from qh where given, dotted with x.
+// Four-bit quants: the high nibbles masked where they lie and dotted as unsigned bytes (dp4a_us),
+// 16 times their dot, shifted back once (as Q4_K's dot): a mask a word instead of a shift and a
+// mask, and two chains of four dp4a, not one of eight; the same integer.
 template <bool kFiveBit>
 __device__ __forceinline__ int nibble_dot(const uint32_t (&w)[4], uint32_t qh, const XUnit& x) {
+    if constexpr (!kFiveBit) {
+        int lo = 0, hi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            lo = __dp4a(static_cast<int>(w[i] & 0x0F0F0F0Fu), x.w[i], lo);
+            hi = dp4a_us(w[i] & 0xF0F0F0F0u, x.w[4 + i], hi);
+        }
+        return lo + (hi >> 4);
+    }
     int dot = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
