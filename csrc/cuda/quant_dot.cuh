@@ -136,27 +136,29 @@ __device__ __forceinline__ int iq4_dot(const uint32_t (&w)[4], const XUnit& x) {
 // Nibble words w (bytes 4i..4i+3 of a unit's 16 bytes of quants: elements 4i.. in the low
 // nibbles, 16 + 4i.. in the high ones), with the fifth bits from qh where given, dotted with x.
 // Four-bit quants: the high nibbles masked where they lie and dotted as unsigned bytes (dp4a_us),
-// 16 times their dot, shifted back once (as Q4_K's dot): a mask a word instead of a shift and a
-// mask, and two chains of four dp4a, not one of eight; the same integer.
+// 16 times their dot, shifted back once: a mask a word instead of a shift and a mask, and two
+// chains of four dp4a, not one of eight; the same integer (bench/NOTES.md, twenty-fifth CUDA
+// session).
 template <bool kFiveBit>
 __device__ __forceinline__ int nibble_dot(const uint32_t (&w)[4], uint32_t qh, const XUnit& x) {
-    if constexpr (!kFiveBit) {
+    if constexpr (kFiveBit) {
+        int dot = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int lo = static_cast<int>(w[i] & 0x0F0F0F0F) | spread4(qh >> (4 * i));
+            const int hi = static_cast<int>(w[i] >> 4 & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * i));
+            dot = __dp4a(lo, x.w[i], __dp4a(hi, x.w[4 + i], dot));
+        }
+        return dot;
+    } else {
         int lo = 0, hi = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             lo = __dp4a(static_cast<int>(w[i] & 0x0F0F0F0Fu), x.w[i], lo);
             hi = dp4a_us(w[i] & 0xF0F0F0F0u, x.w[4 + i], hi);
         }
-        return lo + (hi >> 4);
+        return lo + (hi >> 4);  // (hi: 16 times the high nibbles' dot)
     }
-    int dot = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        int lo = static_cast<int>(w[i] & 0x0F0F0F0F), hi = static_cast<int>(w[i] >> 4 & 0x0F0F0F0F);
-        if constexpr (kFiveBit) lo |= spread4(qh >> (4 * i)), hi |= spread4(qh >> (16 + 4 * i));
-        dot = __dp4a(lo, x.w[i], __dp4a(hi, x.w[4 + i], dot));
-    }
-    return dot;
 }
 
 // Per format: the block type, how many 32-element units it holds, and the dot product of unit u
@@ -238,8 +240,8 @@ struct QuantDot<TensorType::Q8_0> {
 // Q4_K, in its device layout (q4_k_scale_min, quant_unit.cuh): the block's first 16 bytes (d, dmin
 // and the twelve bytes of scales) in one load, the unit's scale and min picked by a byte permute
 // and a shift, its 16 bytes of nibbles in one 16-byte load (rows on 16-byte boundaries: gemv()
-// checks), the high nibbles masked where they lie and their dot divided by 16. The same integers
-// as the plain form (Q5_K's below without its fifth bits): the same bits.
+// checks), dotted by nibble_dot (the high nibbles masked where they lie). The same integers as the
+// plain form (Q5_K's below without its fifth bits): the same bits.
 template <>
 struct QuantDot<TensorType::Q4_K> {
     static constexpr bool kFast = true;
@@ -253,13 +255,7 @@ struct QuantDot<TensorType::Q4_K> {
         const int sc = s & 63, m = (s >> 6 & 3) | static_cast<int>(head.w >> (4 * j) & 0xF) << 2;
         const uint4 q = *reinterpret_cast<const uint4*>(b + 16 + 16 * j);
         const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-        int lo = 0, hi = 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            lo = __dp4a(static_cast<int>(w[i] & 0x0F0F0F0Fu), x.w[i], lo);
-            hi = dp4a_us(w[i] & 0xF0F0F0F0u, x.w[4 + i], hi);
-        }
-        const int dot = lo + (hi >> 4);  // (hi: 16 times the high nibbles' dot)
+        const int dot = nibble_dot<false>(w, 0, x);
         const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(head.x & 0xFFFF)));
         const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(head.x >> 16)));
         return x.d * (d * static_cast<float>(sc * dot) - dmin * static_cast<float>(m * x.sum));
