@@ -50,13 +50,13 @@ struct RmsNorm {
         load_row(reinterpret_cast<const float4*>(a.in + blockIdx.x * a.n), n4, v);
         const float scale = block_rms_scale(v, n4, a.n, a.eps, unit_ss);
         trace_mark(0);  // (the row read and its scale known)
-        float4* y = reinterpret_cast<float4*>(a.out + blockIdx.x * a.n);
+        float4* y = a.out ? reinterpret_cast<float4*>(a.out + blockIdx.x * a.n) : nullptr;
 #pragma unroll
         for (int k = 0; k < kPasses; ++k) {
             const int i = threadIdx.x + k * blockDim.x;
             if (k * blockDim.x >= n4) break;  // (uniform)
             float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (i < n4) {  // (in == out: the whole row was read above)
+            if (y && i < n4) {  // (in == out: the whole row was read above)
                 o = normed4(v[k], scale, g[k]);
                 if (a.accumulate) {
                     const float4 r = y[i];

@@ -35,7 +35,7 @@ Launch embed(TensorType type, const EmbedArgs& a);
 struct NormArgs {
     const float* in;
     const float* w;
-    float* out;
+    float* out;          // or null: only the int8 copy q (a one-token norm whose readers all take that)
     int64_t rows, n;
     float eps;
     bool accumulate;

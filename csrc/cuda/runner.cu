@@ -782,7 +782,9 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
             case Step::Norm: {
                 if (n == 1 && (s.folded || s.by_producer)) break;  // the GEMVs around it do its work
                 const bool q_out = s.q_out && !takes_gemm(k + 1, n - first);
-                push(Part::Norm, rms_norm(NormArgs{row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), row(op.out, first),
+                // a one-token norm whose readers all take its int8 copy (find_readers) writes only that
+                float* out = n == 1 && q_out && s.n_readers > 0 ? nullptr : row(op.out, first);
+                push(Part::Norm, rms_norm(NormArgs{row(op.in, first), reinterpret_cast<const float*>((*w_)(op.weight)), out,
                                                    n - first, width(op.in), c_.norm_eps, op.accumulate, q_out ? qrow(first) : nullptr,
                                                    q_stride()}));
                 break;
