@@ -204,7 +204,7 @@ struct Step {
     int32_t rope_step = -1;     // Gemv: the index of that RopeKv step, whose work it does
     bool q8_for_next = false;   // gated Gemv: writes the int8 copy the next GEMV reads (quantizes_for_next)
     bool pair_next = false;     // Gemv: one launch with the next step's GEMV (pairs_with_next, gemv_pairs)
-    int32_t readers[3] = {};    // Norm: the GEMV steps that read its output (all of int8 formats) ...
+    int32_t readers[3] = {};    // Norm: the GEMV steps that read its output (all of int8 formats, taking its int8 copy) ...
     int32_t n_readers = 0;      // ... and how many: none where the norm cannot be folded into them
     bool folded = false;        // Norm: folded into those GEMVs in one-token steps (norm_folds, decided at load)
     bool by_producer = false;   // Norm: its int8 copy written by the GEMV before it in one-token steps (norm_by_producer, at load)
@@ -626,7 +626,8 @@ void Runner::find_readers(size_t k) {
     for (size_t j = k + 1; j < steps_.size(); ++j) {
         const Step& t = steps_[j];
         if (t.kind == Step::Gemv && t.op.in == out) {
-            if (!gemv_wants_q8(t.op.weight->type) || n == 3) return;
+            // (one that quantizes the float row itself, the copy made stale by a step between, reads the row)
+            if (!gemv_wants_q8(t.op.weight->type) || t.quantize || n == 3) return;
             readers[n++] = static_cast<int32_t>(j);
             continue;
         }
