@@ -277,6 +277,8 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
     static constexpr int kStageBytes = std::max(16 * kPieces, kPack ? (P::bytes(kChunkUnits) + 15) / 16 * 16 : 0);
     static constexpr size_t kWeightSmem = static_cast<size_t>(kWarps) * kBuffers * kSlots * kStageBytes;
     static_assert(kChunkUnits % D::kUnits == 0, "chunks of whole blocks");
+    // the bytes of a chunk of `units` units: whole blocks (a row's last Q4_0 group padded)
+    static __device__ int chunk_bytes(int units) { return (units + D::kUnits - 1) / D::kUnits * kBlockBytes; }
     // the dot's per-lane form (QuantDot<T>::Lane), where every chunk of a row starts as far past a
     // 4-byte boundary
     static constexpr bool kLanes = LanesOf<D>::value && kChunkBytes % 4 == 0 && kPerLane == 1;
@@ -317,7 +319,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
         // chunk c of the warp's rows into ring buffer `slot`: one commit group (empty past the end)
         auto issue = [&](int c, int slot) {
             if (c < n_chunks) {
-                const int bytes = min(kChunkUnits, n_units - c * kChunkUnits) / D::kUnits * kBlockBytes;
+                const int bytes = chunk_bytes(min(kChunkUnits, n_units - c * kChunkUnits));
 #pragma unroll
                 for (int s = 0; s < kSlots; ++s) {
                     if (!row[s]) continue;
@@ -515,7 +517,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
         item_rows(fi, feed);
         auto issue = [&](int slot) {
             if (fi < items) {
-                const int bytes = min(kChunkUnits, n_units - fc * kChunkUnits) / D::kUnits * kBlockBytes;
+                const int bytes = chunk_bytes(min(kChunkUnits, n_units - fc * kChunkUnits));
 #pragma unroll
                 for (int s = 0; s < kSlots; ++s) {
                     if (!feed[s]) continue;
@@ -1023,13 +1025,18 @@ bool gemv_pairs(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs
     return false;
 }
 
-// Q4_K's dot reads a block's fields with 16-byte loads (quant_dot.cuh): its rows (of 144-byte
-// blocks) must start on 16-byte boundaries, as the runner's uploads (256) and cudaMalloc give them.
+// Q4_0's and Q4_K's dots read a unit's nibbles with 16-byte loads (quant_dot.cuh): their rows (of
+// 144-byte groups and blocks, device_row_bytes apart) must start on 16-byte boundaries, as the
+// runner's uploads (256) and cudaMalloc give them.
 static void check_rows_aligned(TensorType type, const GemvArgs& a) {
-    if (type != TensorType::Q4_K) return;
+    if (type != TensorType::Q4_0 && type != TensorType::Q4_K) return;
+    if (a.row_bytes != device_row_bytes(type, a.cols))
+        throw std::logic_error("the CUDA GEMV reads " + std::string(tensor_type_name(type)) + " rows of " + std::to_string(a.cols) +
+                               " values as " + std::to_string(device_row_bytes(type, a.cols)) + " bytes apart (device_row_bytes), not " +
+                               std::to_string(a.row_bytes));
     for (int p = 0; p < a.n_parts; ++p)
         if (reinterpret_cast<uintptr_t>(a.part[p].w) % 16 != 0)
-            throw std::logic_error("the CUDA GEMV needs Q4_K weights on 16-byte boundaries; this one starts " +
+            throw std::logic_error("the CUDA GEMV needs " + std::string(tensor_type_name(type)) + " weights on 16-byte boundaries; this one starts " +
                                    std::to_string(reinterpret_cast<uintptr_t>(a.part[p].w) % 16) + " bytes past one");
 }
 
@@ -1188,6 +1195,26 @@ __global__ void q4_k_device_layout(uint8_t* data, int64_t n_blocks) {
     }
 }
 
+// Q4_0 rows of the file's blocks (`units` a row, from_row bytes apart) into groups of eight
+// (Q4_0Group, quant_unit.cuh; to_row bytes apart), one thread a group: a row's last group padded
+// with blocks of d = 0 and nibbles 0. In place where the rows are as long (every thread reads its
+// own group's bytes before it writes them).
+__global__ void q4_0_device_layout(const uint8_t* from, uint8_t* to, int64_t rows, int units, size_t from_row, size_t to_row) {
+    const int groups = (units + 7) / 8;
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= rows * groups) return;
+    const int64_t r = i / groups;
+    const int g = static_cast<int>(i % groups);
+    const block_q4_0* b = reinterpret_cast<const block_q4_0*>(from + r * from_row) + 8 * g;
+    Q4_0Group out;
+    for (int j = 0; j < 8; ++j) {
+        const bool in = 8 * g + j < units;
+        out.d[j] = in ? b[j].d : __ushort_as_half(0);
+        for (int l = 0; l < 16; ++l) out.qs[j][l] = in ? b[j].qs[l] : 0;
+    }
+    reinterpret_cast<Q4_0Group*>(to + r * to_row)[g] = out;
+}
+
 template <typename Block>
 void rearrange(void (*kernel)(uint8_t*, int64_t), uint8_t* data, size_t bytes, cudaStream_t stream) {
     const int64_t n_blocks = static_cast<int64_t>(bytes / sizeof(Block));
@@ -1196,28 +1223,55 @@ void rearrange(void (*kernel)(uint8_t*, int64_t), uint8_t* data, size_t bytes, c
     ER_CUDA(cudaGetLastError());
 }
 
+size_t file_row_bytes(TensorType type, int64_t cols) {
+    const TensorTypeInfo info = tensor_type_info(type);
+    return static_cast<size_t>(cols / info.block_size) * info.type_size;
+}
+
 }  // namespace
 
-void to_device_layout(TensorType type, uint8_t* data, size_t bytes, cudaStream_t stream) {
-    if (type == TensorType::Q4_K) rearrange<block_q4_K>(q4_k_device_layout, data, bytes, stream);
-    if (type == TensorType::Q6_K) rearrange<block_q6_K>(q6_k_device_layout, data, bytes, stream);
+size_t device_row_bytes(TensorType type, int64_t cols) {
+    if (type == TensorType::Q4_0) return static_cast<size_t>((cols / 32 + 7) / 8) * sizeof(Q4_0Group);
+    return file_row_bytes(type, cols);
+}
+
+void to_device_layout(TensorType type, const uint8_t* from, uint8_t* to, int64_t rows, int64_t cols, cudaStream_t stream) {
+    const size_t from_row = file_row_bytes(type, cols), to_row = device_row_bytes(type, cols);
+    if (rows == 0) return;
+    if (type == TensorType::Q4_0) {
+        if (from != to && from < to + rows * to_row && to < from + rows * from_row)
+            throw std::logic_error("to_device_layout: Q4_0 rows overlap where they are not in place");
+        if (from == to && from_row != to_row) throw std::logic_error("to_device_layout: Q4_0 rows of " + std::to_string(cols) + " values are padded, not rearranged in place");
+        const int64_t groups = rows * ((cols / 32 + 7) / 8);
+        q4_0_device_layout<<<static_cast<unsigned>((groups + 255) / 256), 256, 0, stream>>>(from, to, rows, static_cast<int>(cols / 32), from_row, to_row);
+        ER_CUDA(cudaGetLastError());
+        return;
+    }
+    if (from != to) ER_CUDA(cudaMemcpyAsync(to, from, static_cast<size_t>(rows) * to_row, cudaMemcpyDeviceToDevice, stream));
+    if (type == TensorType::Q4_K) rearrange<block_q4_K>(q4_k_device_layout, to, static_cast<size_t>(rows) * to_row, stream);
+    if (type == TensorType::Q6_K) rearrange<block_q6_K>(q6_k_device_layout, to, static_cast<size_t>(rows) * to_row, stream);
 }
 
 std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, size_t row_bytes, const float* x, int64_t n_tokens,
                           int64_t n, GemmKernel kernel) {
     const int64_t q_stride = (n / 32 + 3) / 4 * 4;  // QBlocks per token row, rows on 16-byte boundaries (as the runner's)
-    auto w = device_alloc<uint8_t>(static_cast<size_t>(n_rows) * row_bytes + 256);  // kernels may read up to 15 bytes past a row
+    if (row_bytes != file_row_bytes(type, n))
+        throw std::invalid_argument("rows of " + std::to_string(n) + " " + std::string(tensor_type_name(type)) + " values take " +
+                                    std::to_string(file_row_bytes(type, n)) + " bytes, not " + std::to_string(row_bytes));
+    const size_t device_row = device_row_bytes(type, n);
+    auto raw = device_alloc<uint8_t>(static_cast<size_t>(n_rows) * row_bytes);
+    auto w = device_alloc<uint8_t>(static_cast<size_t>(n_rows) * device_row + 256);  // kernels may read up to 15 bytes past a row
     auto xd = device_alloc<float>(static_cast<size_t>(n_tokens * n));
     auto yd = device_alloc<float>(static_cast<size_t>(n_tokens * n_rows));
     auto xq = device_alloc<QBlock>(static_cast<size_t>(n_tokens * q_stride) + 8);
     const int64_t h_stride = (n + 7) / 8 * 8;
     auto xh = device_alloc<uint16_t>(static_cast<size_t>(n_tokens * h_stride));
-    ER_CUDA(cudaMemcpy(w.get(), rows, static_cast<size_t>(n_rows) * row_bytes, cudaMemcpyHostToDevice));
-    to_device_layout(type, w.get(), static_cast<size_t>(n_rows) * row_bytes, nullptr);
+    ER_CUDA(cudaMemcpy(raw.get(), rows, static_cast<size_t>(n_rows) * row_bytes, cudaMemcpyHostToDevice));
+    to_device_layout(type, raw.get(), w.get(), n_rows, n, nullptr);
     ER_CUDA(cudaMemcpy(xd.get(), x, static_cast<size_t>(n_tokens * n) * sizeof(float), cudaMemcpyHostToDevice));
     GemvArgs args;
     args.part[0] = GemvPart{w.get(), nullptr, yd.get(), n_rows, n_rows};
-    args.row_bytes = row_bytes;
+    args.row_bytes = device_row;
     args.cols = n;
     args.n_tokens = n_tokens;
     args.x = xd.get();

@@ -16,7 +16,7 @@ struct QBlock;  // int8 activations (quant_dot.cuh)
 
 // One weight matrix of a fused GEMV: its rows are numbered after the previous part's.
 struct GemvPart {
-    const uint8_t* w = nullptr;  // rows × row_bytes raw blocks
+    const uint8_t* w = nullptr;  // rows of GemvArgs::row_bytes (device_row_bytes), in the device layout
     const float* bias = nullptr;  // rows floats, or null
     float* y = nullptr;           // per token: y_stride floats apart
     int64_t rows = 0, y_stride = 0;
@@ -68,7 +68,7 @@ struct GemvArgs {
     GemvPart part[3];
     int32_t n_parts = 1;
     Glu glu = Glu::None;
-    size_t row_bytes = 0;
+    size_t row_bytes = 0;  // device_row_bytes(type, cols)
     int64_t cols = 0;
     int64_t n_tokens = 1;
     const float* x = nullptr;    // per token: cols floats, x_stride apart (float-activation types)
@@ -131,10 +131,15 @@ bool gemv_folds_norm(TensorType type, const GemvArgs& args);
 bool gemv_norms_out(TensorType type, const GemvArgs& args);
 size_t qblock_bytes();
 
-// A weight of `bytes` (whole blocks) just copied to the device, put into the layout the kernels
-// read, in place, on `stream`: Q4_K's (quant_unit.cuh) and Q6_K's (quant_dot.cuh): each unit's bits
-// gathered; every other format is read as stored.
-void to_device_layout(TensorType type, uint8_t* data, size_t bytes, cudaStream_t stream);
+// The bytes apart a weight's rows of `cols` values lie on the device (GemvArgs::row_bytes): the
+// file's row, but Q4_0's padded to whole groups of eight blocks (Q4_0Group, quant_unit.cuh).
+size_t device_row_bytes(TensorType type, int64_t cols);
+// `rows` rows of a weight just copied to the device as the file holds them (at `from`) into the
+// layout the kernels read (at `to`, device_row_bytes apart), on `stream`: Q4_0's groups of eight
+// blocks (quant_unit.cuh), Q4_K's (quant_unit.cuh) and Q6_K's (quant_dot.cuh) super-blocks with each
+// unit's bits gathered; every other format as stored. In place (from == to) where the file's rows
+// are as long as the device's; else the two must not overlap.
+void to_device_layout(TensorType type, const uint8_t* from, uint8_t* to, int64_t rows, int64_t cols, cudaStream_t stream);
 
 struct QuantizeArgs {
     const float* x;  // n_tokens rows of cols floats, x_stride apart

@@ -19,8 +19,8 @@ namespace edgerunner::cuda {
 
 // x[t] = row tokens[t] of the embedding matrix, decoded from its blocks, × scale.
 struct EmbedArgs {
-    const uint8_t* w;
-    size_t row_bytes;
+    const uint8_t* w;  // in the device layout (to_device_layout)
+    size_t row_bytes;  // device_row_bytes
     int64_t cols;
     const int32_t* tokens;  // device: the step block's tokens
     int64_t n_tokens;

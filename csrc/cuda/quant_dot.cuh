@@ -168,16 +168,19 @@ struct QuantDot {
     static constexpr bool kFast = false;
 };
 
+// Q4_0 in its device layout (Q4_0Group, quant_unit.cuh): unit u's d from its group's eight, its
+// 16 bytes of nibbles in one 16-byte load (rows on 16-byte boundaries: gemv() checks).
 template <>
 struct QuantDot<TensorType::Q4_0> {
     static constexpr bool kFast = true;
-    using Block = block_q4_0;
-    static constexpr int kUnits = 1;
+    using Block = Q4_0Group;
+    static constexpr int kUnits = 8;
     static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
-        const Block& b = reinterpret_cast<const Block*>(row)[u];
-        uint32_t w[4];
-        words(b.qs, w);  // 18-byte blocks: 2-byte aligned
-        return h2f(b.d) * x.d * static_cast<float>(nibble_dot<false>(w, 0, x) - 8 * x.sum);
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8);
+        const uint4 q = *reinterpret_cast<const uint4*>(b.qs[j]);
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+        return h2f(b.d[j]) * x.d * static_cast<float>(nibble_dot<false>(w, 0, x) - 8 * x.sum);
     }
 };
 
@@ -457,37 +460,12 @@ struct LanesOf<D, std::void_t<typename D::Lane>> {
 // on: bench/NOTES.md, sixteenth CUDA session). A packed chunk of n units (bytes(n) in all): unit u's
 // quants at [q·u] (q = 16 bytes for the 4-bit formats, 32 for Q8_0 and Q6_K), a 16-bit field per
 // unit at [n·q + 2u], and for the K-quants a 32-bit field per block at [n·(q + 2) + 4·(u / 8)].
-// dot() is the raw dot's arithmetic: the same bits. Formats without it: kPacks = false.
+// dot() is the raw dot's arithmetic: the same bits. Formats without it: kPacks = false (Q4_0,
+// whose device layout already gives its dot those loads).
 template <TensorType T>
 struct Packed {
     static constexpr bool kPacks = false;
     static constexpr int bytes(int) { return 0; }
-};
-
-template <>
-struct Packed<TensorType::Q4_0> {
-    static constexpr bool kPacks = true;
-    static constexpr int bytes(int n) { return 18 * n; }
-    struct Unit {
-        uint4 q;
-        er_half d;
-    };
-    static __device__ Unit load(const uint8_t* raw, int u) {
-        const block_q4_0& b = reinterpret_cast<const block_q4_0*>(raw)[u];
-        uint32_t w[4];
-        words(b.qs, w);
-        return {make_uint4(w[0], w[1], w[2], w[3]), b.d};
-    }
-    static __device__ void store(uint8_t* chunk, int n, int u, const Unit& v) {
-        reinterpret_cast<uint4*>(chunk)[u] = v.q;
-        reinterpret_cast<er_half*>(chunk + 16 * n)[u] = v.d;
-    }
-    static __device__ float dot(const uint8_t* chunk, int n, int u, const XUnit& x) {
-        const uint4 q = reinterpret_cast<const uint4*>(chunk)[u];
-        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-        const float d = h2f(reinterpret_cast<const er_half*>(chunk + 16 * n)[u]);
-        return d * x.d * static_cast<float>(nibble_dot<false>(w, 0, x) - 8 * x.sum);
-    }
 };
 
 template <>
@@ -520,7 +498,7 @@ struct Packed<TensorType::Q8_0> {
     }
 };
 
-// Q4_K: a unit's 32 nibbles as Q4_0's 16 bytes (as its device layout holds them: low nibbles
+// Q4_K: a unit's 32 nibbles as 16 bytes (as its device layout holds them: low nibbles
 // elements 0..15, high ones 16..31), its 6-bit scale and min as two bytes, the block's d and dmin
 // per block.
 template <>

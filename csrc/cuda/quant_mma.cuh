@@ -51,18 +51,6 @@ __device__ __forceinline__ UnitScale block_scale(const uint8_t* tile, int u) {
 }
 
 template <>
-struct MmaUnit<TensorType::Q4_0> {
-    static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = false;
-    static constexpr int kBias = 8, kUnits = 1;
-    using Block = block_q4_0;
-    static __device__ UnitScale scale(const uint8_t* tile, int u) { return block_scale<Block, kMin>(tile, u); }
-    static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
-        const uint32_t w = ld32(reinterpret_cast<const Block*>(tile)[u].qs + 4 * t);
-        return {w & kLowNibbles, w >> 4 & kLowNibbles};
-    }
-};
-
-template <>
 struct MmaUnit<TensorType::Q4_1> {
     static constexpr bool kFast = true, kMin = true, kSplit = false, kSigned = false;
     static constexpr int kBias = 0, kUnits = 1;
@@ -196,6 +184,23 @@ template <typename Block>
 struct KHalf {
     static constexpr int kHead = offsetof(Block, qs) / 16, kHalfPieces = kHead + 4;
     static __device__ int half_piece(int h, int i) { return i < kHead ? i : i + 4 * h; }
+};
+
+// Q4_0 in its device layout (Q4_0Group, quant_unit.cuh), a group staged as a K-quant's half: its
+// eight d's, then the 64 bytes of nibbles of units 4h..4h+3 (unit u's at qs + (u % 4)·16).
+template <>
+struct MmaUnit<TensorType::Q4_0> : KHalf<Q4_0Group> {
+    static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = false;
+    static constexpr int kBias = 8, kUnits = 8;
+    using Block = Q4_0Group;
+    static __device__ UnitScale scale(const uint8_t* tile, int u) {
+        const float d = h2f(reinterpret_cast<const Block*>(tile)->d[u]);
+        return {d, d, 0.0f, 0.0f};
+    }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
+        const uint32_t w = ld32a(reinterpret_cast<const Block*>(tile)->qs[u % 4] + 4 * t);  // (the staged half)
+        return {w & kLowNibbles, w >> 4 & kLowNibbles};
+    }
 };
 template <typename Block>
 __device__ __forceinline__ UnitScale k_scale(const uint8_t* tile, int u) {

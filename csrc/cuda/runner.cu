@@ -59,7 +59,8 @@ std::unique_ptr<T, FreeHost> pinned_alloc(size_t bytes) {
     return std::unique_ptr<T, FreeHost>(static_cast<T*>(p));
 }
 
-size_t weight_bytes(const Weight& w) { return static_cast<size_t>(w.rows) * w.row_bytes; }
+size_t weight_bytes(const Weight& w) { return static_cast<size_t>(w.rows) * w.row_bytes; }  // in the file
+size_t device_bytes(const Weight& w) { return static_cast<size_t>(w.rows) * device_row_bytes(w.type, w.cols); }
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 }  // namespace
@@ -72,20 +73,24 @@ struct DeviceModel {
 
 // Every weight the plans use, into one allocation, through two pinned staging buffers: the CPU
 // copies chunk i+1 out of the mapped file while the GPU pulls chunk i; each weight then put into
-// the layout the kernels read (to_device_layout: Q4_K's and Q6_K's rearranged).
+// the layout the kernels read (to_device_layout: Q4_0's blocks grouped, Q4_K's and Q6_K's
+// rearranged), in place, or from a landing buffer where its rows grow (Q4_0's padded to whole
+// groups).
 std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans) {
     auto m = std::make_shared<DeviceModel>();
     std::vector<const Weight*> weights;
-    size_t total = 0;
+    size_t total = 0, landing = 0;
     for (const Plan* plan : plans)
         for (const Op& op : plan->ops)
             for (const Weight* w : {op.weight, op.bias})
                 if (w && !m->at.count(w->data)) {
                     m->at[w->data] = nullptr;
                     weights.push_back(w);
-                    total += round_up(weight_bytes(*w), 256);
+                    total += round_up(device_bytes(*w), 256);
+                    if (device_bytes(*w) != weight_bytes(*w)) landing = std::max(landing, weight_bytes(*w));
                 }
     m->memory = device_alloc<uint8_t>(total + 256);  // kernels may read a few bytes past a row (four-byte loads of 2-byte aligned blocks)
+    auto land = device_alloc<uint8_t>(landing);
     constexpr size_t kChunk = 32u << 20;
     auto staging = pinned_alloc<uint8_t>(2 * kChunk);
     cudaStream_t stream = nullptr;
@@ -98,18 +103,20 @@ std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans) {
     for (const Weight* w : weights) {
         uint8_t* dst = m->memory.get() + offset;
         m->at[w->data] = dst;
+        // (the landing buffer is free: the stream runs the previous weight's layout kernel first)
+        uint8_t* to = device_bytes(*w) == weight_bytes(*w) ? dst : land.get();
         for (size_t pos = 0; pos < weight_bytes(*w); pos += kChunk) {
             const size_t n = std::min(kChunk, weight_bytes(*w) - pos);
             uint8_t* stage = staging.get() + buffer * kChunk;
             if (used[buffer]) ER_CUDA(cudaEventSynchronize(done[buffer]));  // its previous copy is done
             std::memcpy(stage, w->data + pos, n);
-            ER_CUDA(cudaMemcpyAsync(dst + pos, stage, n, cudaMemcpyHostToDevice, stream));
+            ER_CUDA(cudaMemcpyAsync(to + pos, stage, n, cudaMemcpyHostToDevice, stream));
             ER_CUDA(cudaEventRecord(done[buffer], stream));
             used[buffer] = true;
             buffer ^= 1;
         }
-        to_device_layout(w->type, dst, weight_bytes(*w), stream);
-        offset += round_up(weight_bytes(*w), 256);
+        to_device_layout(w->type, to, dst, w->rows, w->cols, stream);
+        offset += round_up(device_bytes(*w), 256);
     }
     ER_CUDA(cudaStreamSynchronize(stream));
     for (cudaEvent_t e : done) cudaEventDestroy(e);
@@ -731,7 +738,7 @@ GemvArgs Runner::gemv_args(size_t k, int64_t n, int64_t first, StepBlock* b) con
     }
     a.n_parts = s.n_parts;
     a.glu = s.glu;
-    a.row_bytes = w.row_bytes;
+    a.row_bytes = device_row_bytes(w.type, w.cols);
     a.cols = w.cols;
     a.n_tokens = n - first;
     a.x = row(op.in, first);
@@ -777,7 +784,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
         const int64_t first = op.tail && !in.logits_out ? n - 1 : 0;
         switch (s.kind) {
             case Step::Embed:
-                push(Part::Embed, embed(op.weight->type, EmbedArgs{(*w_)(op.weight), op.weight->row_bytes, op.weight->cols, b->tokens, n,
+                push(Part::Embed, embed(op.weight->type, EmbedArgs{(*w_)(op.weight), device_row_bytes(op.weight->type, op.weight->cols), op.weight->cols, b->tokens, n,
                                                                     row(Buf::X, 0), op.scale}));
                 break;
             case Step::Norm: {
