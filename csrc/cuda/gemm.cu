@@ -452,7 +452,7 @@ struct GemmWg : GemmTiles<T, 128, 8> {
 #pragma unroll
                 for (int i = 0; i < (kHalf + 1) / 2; ++i) {
                     const int piece = 2 * i + half;
-                    if (piece < kHalf) copy16(to + 32 * i, from + 32 * i + (piece < M::kHead ? 0 : 64 * h));
+                    if (piece < kHalf) copy16(to + 32 * i, from + 32 * i + (piece < M::kHead ? 0 : 16 * M::kHalfQuantPieces * h));
                 }
             } else {
                 const int64_t bytes = M::kUnits == 1 ? units_of(k) * kBlockBytes : kBlockBytes;

@@ -277,8 +277,10 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
     static constexpr int kStageBytes = std::max(16 * kPieces, kPack ? (P::bytes(kChunkUnits) + 15) / 16 * 16 : 0);
     static constexpr size_t kWeightSmem = static_cast<size_t>(kWarps) * kBuffers * kSlots * kStageBytes;
     static_assert(kChunkUnits % D::kUnits == 0, "chunks of whole blocks");
-    // the bytes of a chunk of `units` units: whole blocks (a row's last Q4_0 group padded)
-    static __device__ int chunk_bytes(int units) { return (units + D::kUnits - 1) / D::kUnits * kBlockBytes; }
+    // the bytes of a chunk of `units` units: whole blocks (a row's last group of Q4_0 or Q8_0 blocks
+    // padded; the super-block formats' rows are whole blocks)
+    static constexpr bool kPadded = T == TensorType::Q4_0 || T == TensorType::Q8_0;
+    static __device__ int chunk_bytes(int units) { return (kPadded ? units + D::kUnits - 1 : units) / D::kUnits * kBlockBytes; }
     // the dot's per-lane form (QuantDot<T>::Lane), where every chunk of a row starts as far past a
     // 4-byte boundary
     static constexpr bool kLanes = LanesOf<D>::value && kChunkBytes % 4 == 0 && kPerLane == 1;
@@ -1025,11 +1027,11 @@ bool gemv_pairs(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs
     return false;
 }
 
-// Q4_0's and Q4_K's dots read a unit's nibbles with 16-byte loads (quant_dot.cuh): their rows (of
-// 144-byte groups and blocks, device_row_bytes apart) must start on 16-byte boundaries, as the
-// runner's uploads (256) and cudaMalloc give them.
+// Q4_0's, Q8_0's and Q4_K's dots read a unit's quants with 16-byte loads (quant_dot.cuh): their rows
+// (of 144- or 272-byte groups and blocks, device_row_bytes apart) must start on 16-byte boundaries,
+// as the runner's uploads (256) and cudaMalloc give them.
 static void check_rows_aligned(TensorType type, const GemvArgs& a) {
-    if (type != TensorType::Q4_0 && type != TensorType::Q4_K) return;
+    if (type != TensorType::Q4_0 && type != TensorType::Q8_0 && type != TensorType::Q4_K) return;
     if (a.row_bytes != device_row_bytes(type, a.cols))
         throw std::logic_error("the CUDA GEMV reads " + std::string(tensor_type_name(type)) + " rows of " + std::to_string(a.cols) +
                                " values as " + std::to_string(device_row_bytes(type, a.cols)) + " bytes apart (device_row_bytes), not " +
@@ -1195,24 +1197,25 @@ __global__ void q4_k_device_layout(uint8_t* data, int64_t n_blocks) {
     }
 }
 
-// Q4_0 rows of the file's blocks (`units` a row, from_row bytes apart) into groups of eight
-// (Q4_0Group, quant_unit.cuh; to_row bytes apart), one thread a group: a row's last group padded
-// with blocks of d = 0 and nibbles 0. In place where the rows are as long (every thread reads its
+// Q4_0 or Q8_0 rows of the file's blocks (`units` a row, from_row bytes apart) into groups of
+// eight (Group8, quant_unit.cuh; to_row bytes apart), one thread a group: a row's last group padded
+// with blocks of d = 0 and quants 0. In place where the rows are as long (every thread reads its
 // own group's bytes before it writes them).
-__global__ void q4_0_device_layout(const uint8_t* from, uint8_t* to, int64_t rows, int units, size_t from_row, size_t to_row) {
+template <typename Block>
+__global__ void group_device_layout(const uint8_t* from, uint8_t* to, int64_t rows, int units, size_t from_row, size_t to_row) {
     const int groups = (units + 7) / 8;
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= rows * groups) return;
     const int64_t r = i / groups;
     const int g = static_cast<int>(i % groups);
-    const block_q4_0* b = reinterpret_cast<const block_q4_0*>(from + r * from_row) + 8 * g;
-    Q4_0Group out;
+    const Block* b = reinterpret_cast<const Block*>(from + r * from_row) + 8 * g;
+    Group8<Block> out;
     for (int j = 0; j < 8; ++j) {
         const bool in = 8 * g + j < units;
         out.d[j] = in ? b[j].d : __ushort_as_half(0);
-        for (int l = 0; l < 16; ++l) out.qs[j][l] = in ? b[j].qs[l] : 0;
+        for (int l = 0; l < static_cast<int>(sizeof(b[j].qs)); ++l) out.qs[j][l] = in ? b[j].qs[l] : 0;
     }
-    reinterpret_cast<Q4_0Group*>(to + r * to_row)[g] = out;
+    reinterpret_cast<Group8<Block>*>(to + r * to_row)[g] = out;
 }
 
 template <typename Block>
@@ -1231,22 +1234,32 @@ size_t file_row_bytes(TensorType type, int64_t cols) {
 }  // namespace
 
 size_t device_row_bytes(TensorType type, int64_t cols) {
-    if (type == TensorType::Q4_0) return static_cast<size_t>((cols / 32 + 7) / 8) * sizeof(Q4_0Group);
+    const int64_t groups = (cols / 32 + 7) / 8;
+    if (type == TensorType::Q4_0) return static_cast<size_t>(groups) * sizeof(Q4_0Group);
+    if (type == TensorType::Q8_0) return static_cast<size_t>(groups) * sizeof(Q8_0Group);
     return file_row_bytes(type, cols);
 }
+
+namespace {
+
+template <typename Block>
+void group(const uint8_t* from, uint8_t* to, int64_t rows, int64_t cols, size_t from_row, size_t to_row, cudaStream_t stream) {
+    if (from != to && from < to + rows * to_row && to < from + rows * from_row)
+        throw std::logic_error("to_device_layout: the file's rows and the device's overlap where they are not in place");
+    if (from == to && from_row != to_row)
+        throw std::logic_error("to_device_layout: rows of " + std::to_string(cols) + " values are padded to whole groups, not rearranged in place");
+    const int64_t groups = rows * ((cols / 32 + 7) / 8);
+    group_device_layout<Block><<<static_cast<unsigned>((groups + 255) / 256), 256, 0, stream>>>(from, to, rows, static_cast<int>(cols / 32), from_row, to_row);
+    ER_CUDA(cudaGetLastError());
+}
+
+}  // namespace
 
 void to_device_layout(TensorType type, const uint8_t* from, uint8_t* to, int64_t rows, int64_t cols, cudaStream_t stream) {
     const size_t from_row = file_row_bytes(type, cols), to_row = device_row_bytes(type, cols);
     if (rows == 0) return;
-    if (type == TensorType::Q4_0) {
-        if (from != to && from < to + rows * to_row && to < from + rows * from_row)
-            throw std::logic_error("to_device_layout: Q4_0 rows overlap where they are not in place");
-        if (from == to && from_row != to_row) throw std::logic_error("to_device_layout: Q4_0 rows of " + std::to_string(cols) + " values are padded, not rearranged in place");
-        const int64_t groups = rows * ((cols / 32 + 7) / 8);
-        q4_0_device_layout<<<static_cast<unsigned>((groups + 255) / 256), 256, 0, stream>>>(from, to, rows, static_cast<int>(cols / 32), from_row, to_row);
-        ER_CUDA(cudaGetLastError());
-        return;
-    }
+    if (type == TensorType::Q4_0) return group<block_q4_0>(from, to, rows, cols, from_row, to_row, stream);
+    if (type == TensorType::Q8_0) return group<block_q8_0>(from, to, rows, cols, from_row, to_row, stream);
     if (from != to) ER_CUDA(cudaMemcpyAsync(to, from, static_cast<size_t>(rows) * to_row, cudaMemcpyDeviceToDevice, stream));
     if (type == TensorType::Q4_K) rearrange<block_q4_K>(q4_k_device_layout, to, static_cast<size_t>(rows) * to_row, stream);
     if (type == TensorType::Q6_K) rearrange<block_q6_K>(q6_k_device_layout, to, static_cast<size_t>(rows) * to_row, stream);

@@ -224,19 +224,23 @@ struct QuantDot<TensorType::Q5_1> {
     }
 };
 
+// Q8_0 in its device layout (Q8_0Group, quant_unit.cuh): unit u's d from its group's eight, its 32
+// signed bytes in two 16-byte loads (rows on 16-byte boundaries: gemv() checks).
 template <>
 struct QuantDot<TensorType::Q8_0> {
     static constexpr bool kFast = true;
-    using Block = block_q8_0;
-    static constexpr int kUnits = 1;
+    using Block = Q8_0Group;
+    static constexpr int kUnits = 8;
     static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
-        const Block& b = reinterpret_cast<const Block*>(row)[u];
-        uint32_t w[8];
-        words(reinterpret_cast<const uint8_t*>(b.qs), w);  // 34-byte blocks: 2-byte aligned
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8);
+        const uint4 lo = reinterpret_cast<const uint4*>(b.qs[j])[0], hi = reinterpret_cast<const uint4*>(b.qs[j])[1];
+        const int w[8] = {static_cast<int>(lo.x), static_cast<int>(lo.y), static_cast<int>(lo.z), static_cast<int>(lo.w),
+                          static_cast<int>(hi.x), static_cast<int>(hi.y), static_cast<int>(hi.z), static_cast<int>(hi.w)};
         int dot = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) dot = __dp4a(static_cast<int>(w[i]), x.w[i], dot);
-        return h2f(b.d) * x.d * static_cast<float>(dot);
+        for (int i = 0; i < 8; ++i) dot = __dp4a(w[i], x.w[i], dot);
+        return h2f(b.d[j]) * x.d * static_cast<float>(dot);
     }
 };
 
@@ -458,44 +462,14 @@ struct LanesOf<D, std::void_t<typename D::Lane>> {
 // wait reads a unit's quants with 16-byte loads and its scales from arrays of their own: no funnel
 // shifts, no bank conflicts, fewer shared-memory wavefronts (what the dots of a one-wave GEMV wait
 // on: bench/NOTES.md, sixteenth CUDA session). A packed chunk of n units (bytes(n) in all): unit u's
-// quants at [q·u] (q = 16 bytes for the 4-bit formats, 32 for Q8_0 and Q6_K), a 16-bit field per
+// quants at [q·u] (q = 16 bytes for Q4_K, 32 for Q6_K), a 16-bit field per
 // unit at [n·q + 2u], and for the K-quants a 32-bit field per block at [n·(q + 2) + 4·(u / 8)].
-// dot() is the raw dot's arithmetic: the same bits. Formats without it: kPacks = false (Q4_0,
-// whose device layout already gives its dot those loads).
+// dot() is the raw dot's arithmetic: the same bits. Formats without it: kPacks = false (Q4_0 and
+// Q8_0, whose device layouts already give their dots those loads).
 template <TensorType T>
 struct Packed {
     static constexpr bool kPacks = false;
     static constexpr int bytes(int) { return 0; }
-};
-
-template <>
-struct Packed<TensorType::Q8_0> {
-    static constexpr bool kPacks = true;
-    static constexpr int bytes(int n) { return 34 * n; }
-    struct Unit {
-        uint4 q[2];
-        er_half d;
-    };
-    static __device__ Unit load(const uint8_t* raw, int u) {
-        const block_q8_0& b = reinterpret_cast<const block_q8_0*>(raw)[u];
-        uint32_t w[8];
-        words(reinterpret_cast<const uint8_t*>(b.qs), w);
-        return {{make_uint4(w[0], w[1], w[2], w[3]), make_uint4(w[4], w[5], w[6], w[7])}, b.d};
-    }
-    static __device__ void store(uint8_t* chunk, int n, int u, const Unit& v) {
-        reinterpret_cast<uint4*>(chunk)[2 * u] = v.q[0];
-        reinterpret_cast<uint4*>(chunk)[2 * u + 1] = v.q[1];
-        reinterpret_cast<er_half*>(chunk + 32 * n)[u] = v.d;
-    }
-    static __device__ float dot(const uint8_t* chunk, int n, int u, const XUnit& x) {
-        const uint4 lo = reinterpret_cast<const uint4*>(chunk)[2 * u], hi = reinterpret_cast<const uint4*>(chunk)[2 * u + 1];
-        const int w[8] = {static_cast<int>(lo.x), static_cast<int>(lo.y), static_cast<int>(lo.z), static_cast<int>(lo.w),
-                          static_cast<int>(hi.x), static_cast<int>(hi.y), static_cast<int>(hi.z), static_cast<int>(hi.w)};
-        int dot = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) dot = __dp4a(w[i], x.w[i], dot);
-        return h2f(reinterpret_cast<const er_half*>(chunk + 32 * n)[u]) * x.d * static_cast<float>(dot);
-    }
 };
 
 // Q4_K: a unit's 32 nibbles as 16 bytes (as its device layout holds them: low nibbles

@@ -88,18 +88,6 @@ struct MmaUnit<TensorType::Q5_1> {
     static __device__ uint2 quants(const uint8_t* tile, int u, int t) { return q5_words<Block, true>(reinterpret_cast<const Block*>(tile)[u], t); }
 };
 
-template <>
-struct MmaUnit<TensorType::Q8_0> {
-    static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = true;
-    static constexpr int kBias = 0, kUnits = 1;
-    using Block = block_q8_0;
-    static __device__ UnitScale scale(const uint8_t* tile, int u) { return block_scale<Block, kMin>(tile, u); }
-    static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
-        const uint8_t* q = reinterpret_cast<const uint8_t*>(reinterpret_cast<const Block*>(tile)[u].qs);
-        return {ld32(q + 4 * t), ld32(q + 16 + 4 * t)};
-    }
-};
-
 // IQ4_NL / IQ4_XS: the code book's values of the indices (iq4_values), signed bytes.
 template <>
 struct MmaUnit<TensorType::IQ4_NL> {
@@ -180,26 +168,40 @@ struct MmaUnit<TensorType::Q3_K> {
 // 64 bytes of qs that hold it (qs[64h..64h+63] in both layouts), in that order (kHalfPieces,
 // half_piece) — `tile` is that staged copy: unit u's qs at qs + (u % 4)·16 (Q4_K) or
 // qs + ((u % 4) / 2)·32 (Q5_K).
-template <typename Block>
+// (kQuantPieces: the 16-byte pieces of qs a half takes: 4 for 16 bytes a unit, 8 for Q8_0's 32)
+template <typename Block, int kQuantPieces = 4>
 struct KHalf {
-    static constexpr int kHead = offsetof(Block, qs) / 16, kHalfPieces = kHead + 4;
-    static __device__ int half_piece(int h, int i) { return i < kHead ? i : i + 4 * h; }
+    static constexpr int kHead = offsetof(Block, qs) / 16, kHalfQuantPieces = kQuantPieces, kHalfPieces = kHead + kQuantPieces;
+    static __device__ int half_piece(int h, int i) { return i < kHead ? i : i + kQuantPieces * h; }
 };
 
-// Q4_0 in its device layout (Q4_0Group, quant_unit.cuh), a group staged as a K-quant's half: its
-// eight d's, then the 64 bytes of nibbles of units 4h..4h+3 (unit u's at qs + (u % 4)·16).
+// Q4_0 and Q8_0 in their device layouts (Q4_0Group, Q8_0Group, quant_unit.cuh), a group staged as a
+// K-quant's half: its eight d's, then the quants of units 4h..4h+3 (unit u's at qs[u % 4]).
+template <typename Group>
+__device__ __forceinline__ UnitScale group_scale(const uint8_t* tile, int u) {
+    const float d = h2f(reinterpret_cast<const Group*>(tile)->d[u]);
+    return {d, d, 0.0f, 0.0f};
+}
 template <>
 struct MmaUnit<TensorType::Q4_0> : KHalf<Q4_0Group> {
     static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = false;
     static constexpr int kBias = 8, kUnits = 8;
     using Block = Q4_0Group;
-    static __device__ UnitScale scale(const uint8_t* tile, int u) {
-        const float d = h2f(reinterpret_cast<const Block*>(tile)->d[u]);
-        return {d, d, 0.0f, 0.0f};
-    }
+    static __device__ UnitScale scale(const uint8_t* tile, int u) { return group_scale<Block>(tile, u); }
     static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
         const uint32_t w = ld32a(reinterpret_cast<const Block*>(tile)->qs[u % 4] + 4 * t);  // (the staged half)
         return {w & kLowNibbles, w >> 4 & kLowNibbles};
+    }
+};
+template <>
+struct MmaUnit<TensorType::Q8_0> : KHalf<Q8_0Group, 8> {
+    static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = true;
+    static constexpr int kBias = 0, kUnits = 8;
+    using Block = Q8_0Group;
+    static __device__ UnitScale scale(const uint8_t* tile, int u) { return group_scale<Block>(tile, u); }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
+        const uint8_t* q = reinterpret_cast<const uint8_t*>(reinterpret_cast<const Block*>(tile)->qs[u % 4]);  // (the staged half)
+        return {ld32a(q + 4 * t), ld32a(q + 16 + 4 * t)};
     }
 };
 template <typename Block>

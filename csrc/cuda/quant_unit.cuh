@@ -1,5 +1,5 @@
 // One 32-element unit of a weight row, in the block layouts of edgerunner/quant_blocks.h (Q4_0's,
-// Q4_K's and Q6_K's as the upload rearranges them, below):
+// Q8_0's, Q4_K's and Q6_K's as the upload rearranges them, below):
 // load() into 32 floats (embedding rows) for every type; dot() with 32 float activations for the
 // types whose GEMV has no int8 fast path (quant_dot.cuh covers Q4_0 … Q6_K). Every format
 // splits into units of 32 consecutive elements (a 32-element block, or sub-block u % 8 of a
@@ -39,17 +39,21 @@ __device__ __forceinline__ void q4_k_scale_min(const uint8_t* s, int j, int* sc,
     *m = s[j] >> 6 | ((s[8 + j / 2] >> (4 * (j % 2))) & 0xF) << 2;
 }
 
-// Q4_0 in the device layout the upload gives it (q4_0_device_layout, gemv.cu): the file's 18-byte
-// blocks in groups of eight, the eight d's first, then the eight blocks' 16 bytes of nibbles (the
-// same 144 bytes), so that a unit's nibbles are one aligned 16-byte load; a row's blocks padded
-// to whole groups (d = 0, nibbles 0: never read), so rows start on 16-byte boundaries. (The file's
-// 18-byte blocks put the nibbles at 2-byte offsets: five loads and four funnel shifts a unit, on
-// the decode GEMV's issue-bound dots: bench/NOTES.md, twenty-sixth CUDA session.)
-struct Q4_0Group {
+// Q4_0 and Q8_0 in the device layout the upload gives them (group_device_layout, gemv.cu): the
+// file's blocks in groups of eight, the eight d's first, then the eight blocks' quants (16 bytes of
+// nibbles, or 32 signed bytes: the same 144 or 272 bytes), so that a unit's quants are aligned
+// 16-byte loads; a row's blocks padded to whole groups (d = 0, quants 0: never read), so rows
+// start on 16-byte boundaries. (The file's 18- and 34-byte blocks put the quants at 2-byte offsets:
+// five or nine loads and four or eight funnel shifts a unit, on the decode GEMV's issue-bound dots:
+// bench/NOTES.md, twenty-sixth CUDA session.)
+template <typename Block>
+struct Group8 {
     er_half d[8];
-    uint8_t qs[8][16];
+    decltype(Block::qs) qs[8];
 };
-static_assert(sizeof(Q4_0Group) == 8 * sizeof(block_q4_0), "Q4_0Group: the same bytes as eight blocks");
+using Q4_0Group = Group8<block_q4_0>;
+using Q8_0Group = Group8<block_q8_0>;
+static_assert(sizeof(Q4_0Group) == 8 * sizeof(block_q4_0) && sizeof(Q8_0Group) == 8 * sizeof(block_q8_0), "groups: the same bytes as eight blocks");
 
 template <TensorType T>
 struct Unit;
@@ -110,10 +114,11 @@ struct Unit<TensorType::Q5_1> {
 
 template <>
 struct Unit<TensorType::Q8_0> {
-    using Block = block_q8_0;
+    using Block = Q8_0Group;
     static __device__ void load(const uint8_t* row, int64_t u, float* w) {
-        const Block& b = reinterpret_cast<const Block*>(row)[u];
-        for (int j = 0; j < 32; ++j) w[j] = h2f(b.d) * static_cast<float>(b.qs[j]);
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8);
+        for (int l = 0; l < 32; ++l) w[l] = h2f(b.d[j]) * static_cast<float>(b.qs[j][l]);
     }
 };
 
