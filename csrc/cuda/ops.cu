@@ -14,19 +14,34 @@
 namespace edgerunner::cuda {
 namespace {
 
+// One block a token, a thread a 32-value unit at a time: the unit decoded into registers
+// (Unit<T>::load) and scaled, then through shared memory (float4s, swizzled against bank
+// conflicts), so that the block stores the row as whole coalesced float4s (a thread storing its
+// unit's 32 floats itself touched 32 lines an instruction: 6.2 µs for the 8B's row).
 template <TensorType T>
 struct Embed {
     using Args = EmbedArgs;
+    static constexpr int kThreads = 128;
     static __device__ void run(const Args& a) {
+        __shared__ float4 tile[kThreads * 8];  // kThreads units
         allow_next();
         wait_inputs();
         const int64_t t = blockIdx.x;
         const uint8_t* row = a.w + static_cast<size_t>(a.tokens[t]) * a.row_bytes;
-        float* x = a.x + t * a.cols;
-        for (int64_t u = threadIdx.x; u < a.cols / 32; u += blockDim.x) {
-            Unit<T>::load(row, u, x + 32 * u);
-            if (a.scale != 1.0f)
-                for (int i = 0; i < 32; ++i) x[32 * u + i] *= a.scale;
+        float4* x = reinterpret_cast<float4*>(a.x + t * a.cols);
+        const int n_units = static_cast<int>(a.cols / 32), me = threadIdx.x;
+        for (int u0 = 0; u0 < n_units; u0 += kThreads) {
+            if (u0 + me < n_units) {
+                float w[32];
+                Unit<T>::load(row, u0 + me, w);
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    tile[8 * me + (i ^ (me & 7))] = make_float4(w[4 * i] * a.scale, w[4 * i + 1] * a.scale, w[4 * i + 2] * a.scale, w[4 * i + 3] * a.scale);
+            }
+            __syncthreads();
+            const int n4 = 8 * min(kThreads, n_units - u0);
+            for (int i = me; i < n4; i += kThreads) x[8 * u0 + i] = tile[i - i % 8 + ((i % 8) ^ (i / 8 & 7))];
+            __syncthreads();
         }
     }
 };
@@ -152,7 +167,7 @@ struct GatedAct {
 }  // namespace
 
 Launch embed(TensorType type, const EmbedArgs& a) {
-    const dim3 grid(static_cast<unsigned>(a.n_tokens)), block(128);
+    const dim3 grid(static_cast<unsigned>(a.n_tokens)), block(Embed<TensorType::F32>::kThreads);
     switch (type) {
 #define ER_EMBED(T) \
     case TensorType::T: return make_launch<Embed<TensorType::T>>(grid, block, a);
