@@ -30,7 +30,8 @@ def test_cuda_logits_close_to_float64_reference(tiny_models, case):
     assert err <= FAST_TOLERANCE * scale, f"{case} seed {seed}: max |Δ| {err:.3g} vs |logit| max {scale:.3g}"
 
 
-# Q4_K + Q6_K super-blocks; Q4_0's 2-byte aligned blocks; Q8_0's 34-byte ones; an f32 cache; wide
+# Q4_K + Q6_K super-blocks; Q4_0's and Q8_0's blocks, in groups of eight on the device (the odd
+# shape's rows of 66 and 177 units padded to whole groups); an f32 cache; wide
 # models, one with an odd shape, one with the 8B's attention shape, and one with a long LM head (below)
 @pytest.mark.parametrize("ttype,kv_type,shape", [("Q4_K_M", "f16", "small"), ("Q4_0", "f16", "small"), ("Q8_0", "f16", "small"),
                                                  ("Q4_0", "f32", "small"), ("Q4_0", "f16", "wide"), ("Q4_K_M", "f16", "wide"),

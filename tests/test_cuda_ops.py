@@ -3,7 +3,8 @@ build with -C cmake.define.EDGERUNNER_CUDA=ON; skipped elsewhere).
 
 Matmuls (the one-token GEMV, the eight-token GEMV, the tensor-core GEMM): every weight type the
 CPU reads, random blocks, odd row counts and column counts that are not a multiple of 256 where
-the format allows, against float64 arithmetic on the
+the format allows (Q4_0's and Q8_0's rows then end in a group of eight blocks padded on the
+device), against float64 arithmetic on the
 dequantized weights (gguf's own dequantizers through edgerunner.quants) and the float
 activations. Types whose kernel takes int8 activations (d = max|x| / 127 per 32 values) carry
 that rounding too: at most d/2 per value; the tensor-core GEMM rounds weights and activations to

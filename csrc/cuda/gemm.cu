@@ -136,7 +136,7 @@ struct GemmTiles {
     static_assert(M::kUnits == 1 || M::kUnits % kTileUnits == 0, "a tile within one super-block");
     // a row's staged bytes per tile, + room to start on the source's 16-byte phase: up to 15
     // bytes, or where rows_aligned only the phases tile offsets take (16 − gcd(tile step, 16):
-    // Q8_0's 136-byte tiles start at 0 or 8)
+    // Q5_1's 96-byte tiles start at 0 only, Q4_1's 80-byte ones too, Q5_0's 88-byte ones at 0 or 8)
     static constexpr int kRawBytes = kHalf ? 16 * kHalf : (M::kUnits == 1 ? kTileUnits : 1) * kBlockBytes;
     static constexpr int kStep = M::kUnits == 1 ? kTileUnits * kBlockBytes : kBlockBytes;
     static constexpr int kRowStride = pad_stride(kRawBytes + (kHalf ? 0 : 15));
