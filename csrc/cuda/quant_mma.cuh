@@ -167,8 +167,8 @@ struct MmaUnit<TensorType::Q3_K> {
 // what a half (units 4h..4h+3) reads: the pieces before qs (d, dmin, scales, Q5_K's qh) and the
 // 64 bytes of qs that hold it (qs[64h..64h+63] in both layouts), in that order (kHalfPieces,
 // half_piece) — `tile` is that staged copy: unit u's qs at qs + (u % 4)·16 (Q4_K) or
-// qs + ((u % 4) / 2)·32 (Q5_K).
-// (kQuantPieces: the 16-byte pieces of qs a half takes: 4 for 16 bytes a unit, 8 for Q8_0's 32)
+// qs + ((u % 4) / 2)·32 (Q5_K). (kQuantPieces: the 16-byte pieces of qs a half takes, 4; Q8_0's
+// groups below, of 32 bytes a unit, 8.)
 template <typename Block, int kQuantPieces = 4>
 struct KHalf {
     static constexpr int kHead = offsetof(Block, qs) / 16, kHalfQuantPieces = kQuantPieces, kHalfPieces = kHead + kQuantPieces;
@@ -204,6 +204,7 @@ struct MmaUnit<TensorType::Q8_0> : KHalf<Q8_0Group, 8> {
         return {ld32a(q + 4 * t), ld32a(q + 16 + 4 * t)};
     }
 };
+
 template <typename Block>
 __device__ __forceinline__ UnitScale k_scale(const uint8_t* tile, int u) {
     const Block& b = *reinterpret_cast<const Block*>(tile);
