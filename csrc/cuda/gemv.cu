@@ -277,9 +277,9 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
     static constexpr int kStageBytes = std::max(16 * kPieces, kPack ? (P::bytes(kChunkUnits) + 15) / 16 * 16 : 0);
     static constexpr size_t kWeightSmem = static_cast<size_t>(kWarps) * kBuffers * kSlots * kStageBytes;
     static_assert(kChunkUnits % D::kUnits == 0, "chunks of whole blocks");
-    // the bytes of a chunk of `units` units: whole blocks (a row's last group of Q4_0 or Q8_0 blocks
-    // padded; the super-block formats' rows are whole blocks)
-    static constexpr bool kPadded = T == TensorType::Q4_0 || T == TensorType::Q8_0;
+    // the bytes of a chunk of `units` units: whole blocks (a row's last group of eight 32-value blocks
+    // padded, Group8; the super-block formats' rows are whole blocks)
+    static constexpr bool kPadded = T == TensorType::Q4_0 || T == TensorType::Q5_0 || T == TensorType::Q8_0 || T == TensorType::IQ4_NL;
     static __device__ int chunk_bytes(int units) { return (kPadded ? units + D::kUnits - 1 : units) / D::kUnits * kBlockBytes; }
     // the dot's per-lane form (QuantDot<T>::Lane), where every chunk of a row starts as far past a
     // 4-byte boundary
@@ -1027,11 +1027,16 @@ bool gemv_pairs(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs
     return false;
 }
 
-// Q4_0's, Q8_0's and Q4_K's dots read a unit's quants with 16-byte loads (quant_dot.cuh): their rows
-// (of 144- or 272-byte groups and blocks, device_row_bytes apart) must start on 16-byte boundaries,
-// as the runner's uploads (256) and cudaMalloc give them.
+// The formats in groups of eight blocks on the device (Group8, quant_unit.cuh).
+static bool grouped(TensorType type) {
+    return type == TensorType::Q4_0 || type == TensorType::Q5_0 || type == TensorType::Q8_0 || type == TensorType::IQ4_NL;
+}
+
+// The grouped formats' (Group8) and Q4_K's dots read a unit's quants with 16-byte loads
+// (quant_dot.cuh): their rows (of whole groups and blocks, device_row_bytes apart) must start on
+// 16-byte boundaries, as the runner's uploads (256) and cudaMalloc give them.
 static void check_rows_aligned(TensorType type, const GemvArgs& a) {
-    if (type != TensorType::Q4_0 && type != TensorType::Q8_0 && type != TensorType::Q4_K) return;
+    if (!grouped(type) && type != TensorType::Q4_K) return;
     if (a.row_bytes != device_row_bytes(type, a.cols))
         throw std::logic_error("the CUDA GEMV reads " + std::string(tensor_type_name(type)) + " rows of " + std::to_string(a.cols) +
                                " values as " + std::to_string(device_row_bytes(type, a.cols)) + " bytes apart (device_row_bytes), not " +
@@ -1197,10 +1202,10 @@ __global__ void q4_k_device_layout(uint8_t* data, int64_t n_blocks) {
     }
 }
 
-// Q4_0 or Q8_0 rows of the file's blocks (`units` a row, from_row bytes apart) into groups of
-// eight (Group8, quant_unit.cuh; to_row bytes apart), one thread a group: a row's last group padded
-// with blocks of d = 0 and quants 0. In place where the rows are as long (every thread reads its
-// own group's bytes before it writes them).
+// Q4_0, Q5_0, Q8_0 or IQ4_NL rows of the file's blocks (`units` a row, from_row bytes apart) into
+// groups of eight (Group8, quant_unit.cuh; to_row bytes apart), one thread a group: a row's last
+// group padded with blocks of d = 0 and quants 0. In place where the rows are as long (every thread
+// reads its own group's bytes before it writes them).
 template <typename Block>
 __global__ void group_device_layout(const uint8_t* from, uint8_t* to, int64_t rows, int units, size_t from_row, size_t to_row) {
     const int groups = (units + 7) / 8;
@@ -1214,6 +1219,8 @@ __global__ void group_device_layout(const uint8_t* from, uint8_t* to, int64_t ro
         const bool in = 8 * g + j < units;
         out.d[j] = in ? b[j].d : __ushort_as_half(0);
         for (int l = 0; l < static_cast<int>(sizeof(b[j].qs)); ++l) out.qs[j][l] = in ? b[j].qs[l] : 0;
+        if constexpr (std::is_same_v<Block, block_q5_0>)
+            for (int l = 0; l < 4; ++l) out.qh[j][l] = in ? b[j].qh[l] : 0;
     }
     reinterpret_cast<Group8<Block>*>(to + r * to_row)[g] = out;
 }
@@ -1234,9 +1241,7 @@ size_t file_row_bytes(TensorType type, int64_t cols) {
 }  // namespace
 
 size_t device_row_bytes(TensorType type, int64_t cols) {
-    const int64_t groups = (cols / 32 + 7) / 8;
-    if (type == TensorType::Q4_0) return static_cast<size_t>(groups) * sizeof(Q4_0Group);
-    if (type == TensorType::Q8_0) return static_cast<size_t>(groups) * sizeof(Q8_0Group);
+    if (grouped(type)) return static_cast<size_t>((cols / 32 + 7) / 8 * 8) * tensor_type_info(type).type_size;
     return file_row_bytes(type, cols);
 }
 
@@ -1259,7 +1264,9 @@ void to_device_layout(TensorType type, const uint8_t* from, uint8_t* to, int64_t
     const size_t from_row = file_row_bytes(type, cols), to_row = device_row_bytes(type, cols);
     if (rows == 0) return;
     if (type == TensorType::Q4_0) return group<block_q4_0>(from, to, rows, cols, from_row, to_row, stream);
+    if (type == TensorType::Q5_0) return group<block_q5_0>(from, to, rows, cols, from_row, to_row, stream);
     if (type == TensorType::Q8_0) return group<block_q8_0>(from, to, rows, cols, from_row, to_row, stream);
+    if (type == TensorType::IQ4_NL) return group<block_iq4_nl>(from, to, rows, cols, from_row, to_row, stream);
     if (from != to) ER_CUDA(cudaMemcpyAsync(to, from, static_cast<size_t>(rows) * to_row, cudaMemcpyDeviceToDevice, stream));
     if (type == TensorType::Q4_K) rearrange<block_q4_K>(q4_k_device_layout, to, static_cast<size_t>(rows) * to_row, stream);
     if (type == TensorType::Q6_K) rearrange<block_q6_K>(q6_k_device_layout, to, static_cast<size_t>(rows) * to_row, stream);

@@ -132,12 +132,13 @@ bool gemv_norms_out(TensorType type, const GemvArgs& args);
 size_t qblock_bytes();
 
 // The bytes apart a weight's rows of `cols` values lie on the device (GemvArgs::row_bytes): the
-// file's row, but Q4_0's and Q8_0's padded to whole groups of eight blocks (Group8, quant_unit.cuh).
+// file's row, but Q4_0's, Q5_0's, Q8_0's and IQ4_NL's padded to whole groups of eight blocks (Group8,
+// quant_unit.cuh).
 size_t device_row_bytes(TensorType type, int64_t cols);
 // `rows` rows of a weight just copied to the device as the file holds them (at `from`) into the
-// layout the kernels read (at `to`, device_row_bytes apart), on `stream`: Q4_0's and Q8_0's groups of
-// eight blocks (quant_unit.cuh), Q4_K's (quant_unit.cuh) and Q6_K's (quant_dot.cuh) super-blocks with each
-// unit's bits gathered; every other format as stored. In place (from == to) where the file's rows
+// layout the kernels read (at `to`, device_row_bytes apart), on `stream`: Q4_0's, Q5_0's, Q8_0's and
+// IQ4_NL's groups of eight blocks (quant_unit.cuh), Q4_K's (quant_unit.cuh) and Q6_K's
+// (quant_dot.cuh) super-blocks with each unit's bits gathered; every other format as stored. In place (from == to) where the file's rows
 // are as long as the device's; else the two must not overlap.
 void to_device_layout(TensorType type, const uint8_t* from, uint8_t* to, int64_t rows, int64_t cols, cudaStream_t stream);
 

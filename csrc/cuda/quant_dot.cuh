@@ -197,16 +197,20 @@ struct QuantDot<TensorType::Q4_1> {
     }
 };
 
+// Q5_0 in its device layout (Q5_0Group, quant_unit.cuh): unit u's nibbles in one 16-byte load, its
+// fifth bits in one 4-byte load.
 template <>
 struct QuantDot<TensorType::Q5_0> {
     static constexpr bool kFast = true;
-    using Block = block_q5_0;
-    static constexpr int kUnits = 1;
+    using Block = Q5_0Group;
+    static constexpr int kUnits = 8;
     static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
-        const Block& b = reinterpret_cast<const Block*>(row)[u];
-        uint32_t w[4];
-        words(b.qs, w);  // 22-byte blocks: 2-byte aligned
-        return h2f(b.d) * x.d * static_cast<float>(nibble_dot<true>(w, ld32(b.qh), x) - 16 * x.sum);
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8);
+        const uint4 q = *reinterpret_cast<const uint4*>(b.qs[j]);
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+        const uint32_t qh = *reinterpret_cast<const uint32_t*>(b.qh[j]);
+        return h2f(b.d[j]) * x.d * static_cast<float>(nibble_dot<true>(w, qh, x) - 16 * x.sum);
     }
 };
 
@@ -293,17 +297,19 @@ struct QuantDot<TensorType::Q5_K> {
     }
 };
 
-// IQ4_NL: 18-byte blocks (2-byte aligned) of 4-bit indices into the code book, nibbles as Q4_0's.
+// IQ4_NL: 4-bit indices into the code book, nibbles as Q4_0's, in the same device layout
+// (IQ4NLGroup, quant_unit.cuh).
 template <>
 struct QuantDot<TensorType::IQ4_NL> {
     static constexpr bool kFast = true;
-    using Block = block_iq4_nl;
-    static constexpr int kUnits = 1;
+    using Block = IQ4NLGroup;
+    static constexpr int kUnits = 8;
     static __device__ float dot(const uint8_t* row, int64_t u, const XUnit& x) {
-        const Block& b = reinterpret_cast<const Block*>(row)[u];
-        uint32_t w[4];
-        words(b.qs, w);
-        return h2f(b.d) * x.d * static_cast<float>(iq4_dot(w, x));
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8);
+        const uint4 q = *reinterpret_cast<const uint4*>(b.qs[j]);
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+        return h2f(b.d[j]) * x.d * static_cast<float>(iq4_dot(w, x));
     }
 };
 

@@ -62,22 +62,13 @@ struct MmaUnit<TensorType::Q4_1> {
     }
 };
 
-// Q5_0 / Q5_1: the fifth bit of element j is bit j of qh (Q5_1's 24-byte blocks: aligned loads).
-template <typename Block, bool kAligned>
-__device__ __forceinline__ uint2 q5_words(const Block& b, int t) {
-    const uint32_t w = kAligned ? ld32a(b.qs + 4 * t) : ld32(b.qs + 4 * t), qh = kAligned ? ld32a(b.qh) : ld32(b.qh);
+// Q5_0 / Q5_1: the fifth bit of element j is bit j of qh (both 4-byte aligned: Q5_1's 24-byte
+// blocks, Q5_0's device layout).
+__device__ __forceinline__ uint2 q5_words(const uint8_t* qs, const uint8_t* qh4, int t) {
+    const uint32_t w = ld32a(qs + 4 * t), qh = ld32a(qh4);
     return {(w & kLowNibbles) | static_cast<uint32_t>(spread4(qh >> (4 * t))),
             (w >> 4 & kLowNibbles) | static_cast<uint32_t>(spread4(qh >> (16 + 4 * t)))};
 }
-
-template <>
-struct MmaUnit<TensorType::Q5_0> {
-    static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = false;
-    static constexpr int kBias = 16, kUnits = 1;
-    using Block = block_q5_0;
-    static __device__ UnitScale scale(const uint8_t* tile, int u) { return block_scale<Block, kMin>(tile, u); }
-    static __device__ uint2 quants(const uint8_t* tile, int u, int t) { return q5_words<Block, false>(reinterpret_cast<const Block*>(tile)[u], t); }
-};
 
 template <>
 struct MmaUnit<TensorType::Q5_1> {
@@ -85,22 +76,13 @@ struct MmaUnit<TensorType::Q5_1> {
     static constexpr int kBias = 0, kUnits = 1;
     using Block = block_q5_1;
     static __device__ UnitScale scale(const uint8_t* tile, int u) { return block_scale<Block, kMin>(tile, u); }
-    static __device__ uint2 quants(const uint8_t* tile, int u, int t) { return q5_words<Block, true>(reinterpret_cast<const Block*>(tile)[u], t); }
-};
-
-// IQ4_NL / IQ4_XS: the code book's values of the indices (iq4_values), signed bytes.
-template <>
-struct MmaUnit<TensorType::IQ4_NL> {
-    static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = true;
-    static constexpr int kBias = 0, kUnits = 1;
-    using Block = block_iq4_nl;
-    static __device__ UnitScale scale(const uint8_t* tile, int u) { return block_scale<Block, kMin>(tile, u); }
     static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
-        const int2 v = iq4_values(ld32(reinterpret_cast<const Block*>(tile)[u].qs + 4 * t));
-        return {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y)};
+        const Block& b = reinterpret_cast<const Block*>(tile)[u];
+        return q5_words(b.qs, b.qh, t);
     }
 };
 
+// IQ4_XS (and IQ4_NL, below): the code book's values of the indices (iq4_values), signed bytes.
 // Super-block formats (256 elements): `tile` holds the super-block, unit u is its sub-block u.
 template <>
 struct MmaUnit<TensorType::IQ4_XS> {
@@ -175,8 +157,9 @@ struct KHalf {
     static __device__ int half_piece(int h, int i) { return i < kHead ? i : i + kQuantPieces * h; }
 };
 
-// Q4_0 and Q8_0 in their device layouts (Q4_0Group, Q8_0Group, quant_unit.cuh), a group staged as a
-// K-quant's half: its eight d's, then the quants of units 4h..4h+3 (unit u's at qs[u % 4]).
+// Q4_0, Q5_0, IQ4_NL and Q8_0 in their device layouts (Group8, quant_unit.cuh), a group staged as a
+// K-quant's half: its eight d's (and Q5_0's eight qh), then the quants of units 4h..4h+3 (unit u's
+// at qs[u % 4]).
 template <typename Group>
 __device__ __forceinline__ UnitScale group_scale(const uint8_t* tile, int u) {
     const float d = h2f(reinterpret_cast<const Group*>(tile)->d[u]);
@@ -191,6 +174,28 @@ struct MmaUnit<TensorType::Q4_0> : KHalf<Q4_0Group> {
     static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
         const uint32_t w = ld32a(reinterpret_cast<const Block*>(tile)->qs[u % 4] + 4 * t);  // (the staged half)
         return {w & kLowNibbles, w >> 4 & kLowNibbles};
+    }
+};
+template <>
+struct MmaUnit<TensorType::Q5_0> : KHalf<Q5_0Group> {  // (the head: the d's, then the eight qh)
+    static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = false;
+    static constexpr int kBias = 16, kUnits = 8;
+    using Block = Q5_0Group;
+    static __device__ UnitScale scale(const uint8_t* tile, int u) { return group_scale<Block>(tile, u); }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
+        const Block& b = *reinterpret_cast<const Block*>(tile);
+        return q5_words(b.qs[u % 4], b.qh[u], t);  // (the staged half)
+    }
+};
+template <>
+struct MmaUnit<TensorType::IQ4_NL> : KHalf<IQ4NLGroup> {
+    static constexpr bool kFast = true, kMin = false, kSplit = false, kSigned = true;
+    static constexpr int kBias = 0, kUnits = 8;
+    using Block = IQ4NLGroup;
+    static __device__ UnitScale scale(const uint8_t* tile, int u) { return group_scale<Block>(tile, u); }
+    static __device__ uint2 quants(const uint8_t* tile, int u, int t) {
+        const int2 v = iq4_values(ld32a(reinterpret_cast<const Block*>(tile)->qs[u % 4] + 4 * t));  // (the staged half)
+        return {static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y)};
     }
 };
 template <>

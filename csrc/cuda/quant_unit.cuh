@@ -1,5 +1,5 @@
 // One 32-element unit of a weight row, in the block layouts of edgerunner/quant_blocks.h (Q4_0's,
-// Q8_0's, Q4_K's and Q6_K's as the upload rearranges them, below):
+// Q5_0's, Q8_0's, IQ4_NL's, Q4_K's and Q6_K's as the upload rearranges them, below):
 // load() into 32 floats (embedding rows) for every type; dot() with 32 float activations for the
 // types whose GEMV has no int8 fast path (quant_dot.cuh covers Q4_0 … Q6_K). Every format
 // splits into units of 32 consecutive elements (a 32-element block, or sub-block u % 8 of a
@@ -39,21 +39,32 @@ __device__ __forceinline__ void q4_k_scale_min(const uint8_t* s, int j, int* sc,
     *m = s[j] >> 6 | ((s[8 + j / 2] >> (4 * (j % 2))) & 0xF) << 2;
 }
 
-// Q4_0 and Q8_0 in the device layout the upload gives them (group_device_layout, gemv.cu): the
-// file's blocks in groups of eight, the eight d's first, then the eight blocks' quants (16 bytes of
-// nibbles, or 32 signed bytes: the same 144 or 272 bytes), so that a unit's quants are aligned
-// 16-byte loads; a row's blocks padded to whole groups (d = 0, quants 0: never read), so rows
-// start on 16-byte boundaries. (The file's 18- and 34-byte blocks put the quants at 2-byte offsets:
-// five or nine loads and four or eight funnel shifts a unit, on the decode GEMV's issue-bound dots:
-// bench/NOTES.md, twenty-sixth CUDA session.)
+// Q4_0, Q5_0, Q8_0 and IQ4_NL in the device layout the upload gives them (group_device_layout,
+// gemv.cu): the file's blocks in groups of eight, the eight d's first (then Q5_0's eight 4-byte
+// qh), then the eight blocks' quants (16 bytes of nibbles, or Q8_0's 32 signed bytes: the same 144,
+// 176 or 272 bytes), so that a unit's quants are aligned 16-byte loads; a row's blocks padded to
+// whole groups (d = 0, quants 0: never read), so rows start on 16-byte boundaries. (The file's 18-,
+// 22- and 34-byte blocks put the quants at 2-byte offsets: five or nine loads and four or eight
+// funnel shifts a unit, on the decode GEMV's issue-bound dots: bench/NOTES.md, twenty-sixth CUDA
+// session.)
 template <typename Block>
 struct Group8 {
     er_half d[8];
     decltype(Block::qs) qs[8];
 };
+template <>
+struct Group8<block_q5_0> {
+    er_half d[8];
+    uint8_t qh[8][4];
+    uint8_t qs[8][16];
+};
 using Q4_0Group = Group8<block_q4_0>;
+using Q5_0Group = Group8<block_q5_0>;
 using Q8_0Group = Group8<block_q8_0>;
-static_assert(sizeof(Q4_0Group) == 8 * sizeof(block_q4_0) && sizeof(Q8_0Group) == 8 * sizeof(block_q8_0), "groups: the same bytes as eight blocks");
+using IQ4NLGroup = Group8<block_iq4_nl>;
+static_assert(sizeof(Q4_0Group) == 8 * sizeof(block_q4_0) && sizeof(Q5_0Group) == 8 * sizeof(block_q5_0) &&
+                  sizeof(Q8_0Group) == 8 * sizeof(block_q8_0) && sizeof(IQ4NLGroup) == 8 * sizeof(block_iq4_nl),
+              "groups: the same bytes as eight blocks");
 
 template <TensorType T>
 struct Unit;
@@ -85,21 +96,22 @@ struct Unit<TensorType::Q4_1> {
     }
 };
 
-template <typename Block>
-__device__ __forceinline__ void q5_load(const Block& b, float d, float offset, float* w) {
-    const uint32_t qh = b.qh[0] | b.qh[1] << 8 | b.qh[2] << 16 | static_cast<uint32_t>(b.qh[3]) << 24;
+// A unit's 5-bit quants (16 bytes of nibbles, the fifth bits in qh) as d·q + offset.
+__device__ __forceinline__ void q5_load(const uint8_t* qs, const uint8_t* qh4, float d, float offset, float* w) {
+    const uint32_t qh = qh4[0] | qh4[1] << 8 | qh4[2] << 16 | static_cast<uint32_t>(qh4[3]) << 24;
     for (int j = 0; j < 16; ++j) {
-        w[j] = d * static_cast<float>((b.qs[j] & 0xF) | ((qh >> j) & 1) << 4) + offset;
-        w[j + 16] = d * static_cast<float>((b.qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) + offset;
+        w[j] = d * static_cast<float>((qs[j] & 0xF) | ((qh >> j) & 1) << 4) + offset;
+        w[j + 16] = d * static_cast<float>((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) + offset;
     }
 }
 
 template <>
 struct Unit<TensorType::Q5_0> {
-    using Block = block_q5_0;
+    using Block = Q5_0Group;
     static __device__ void load(const uint8_t* row, int64_t u, float* w) {
-        const Block& b = reinterpret_cast<const Block*>(row)[u];
-        q5_load(b, h2f(b.d), -16.0f * h2f(b.d), w);
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8);
+        q5_load(b.qs[j], b.qh[j], h2f(b.d[j]), -16.0f * h2f(b.d[j]), w);
     }
 };
 
@@ -108,7 +120,7 @@ struct Unit<TensorType::Q5_1> {
     using Block = block_q5_1;
     static __device__ void load(const uint8_t* row, int64_t u, float* w) {
         const Block& b = reinterpret_cast<const Block*>(row)[u];
-        q5_load(b, h2f(b.d), h2f(b.m), w);
+        q5_load(b.qs, b.qh, h2f(b.d), h2f(b.m), w);
     }
 };
 
@@ -124,20 +136,14 @@ struct Unit<TensorType::Q8_0> {
 
 template <>
 struct Unit<TensorType::IQ4_NL> {
-    using Block = block_iq4_nl;
-    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
-        const Block& b = reinterpret_cast<const Block*>(row)[u];
-        float s = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-            s += static_cast<float>(kvalues_iq4nl[b.qs[j] & 0xF]) * x[j] + static_cast<float>(kvalues_iq4nl[b.qs[j] >> 4]) * x[j + 16];
-        return h2f(b.d) * s;
-    }
+    using Block = IQ4NLGroup;
     static __device__ void load(const uint8_t* row, int64_t u, float* w) {
-        const Block& b = reinterpret_cast<const Block*>(row)[u];
-        for (int j = 0; j < 16; ++j) {
-            w[j] = h2f(b.d) * static_cast<float>(kvalues_iq4nl[b.qs[j] & 0xF]);
-            w[j + 16] = h2f(b.d) * static_cast<float>(kvalues_iq4nl[b.qs[j] >> 4]);
+        const Block& b = reinterpret_cast<const Block*>(row)[u / 8];
+        const int j = static_cast<int>(u % 8);
+        const float d = h2f(b.d[j]);
+        for (int l = 0; l < 16; ++l) {
+            w[l] = d * static_cast<float>(kvalues_iq4nl[b.qs[j][l] & 0xF]);
+            w[l + 16] = d * static_cast<float>(kvalues_iq4nl[b.qs[j][l] >> 4]);
         }
     }
 };

@@ -73,9 +73,9 @@ struct DeviceModel {
 
 // Every weight the plans use, into one allocation, through two pinned staging buffers: the CPU
 // copies chunk i+1 out of the mapped file while the GPU pulls chunk i; each weight then put into
-// the layout the kernels read (to_device_layout: Q4_0's and Q8_0's blocks grouped, Q4_K's and
-// Q6_K's rearranged), in place, or from a landing buffer where its rows grow (Q4_0's and Q8_0's
-// padded to whole groups).
+// the layout the kernels read (to_device_layout: Q4_0's, Q5_0's, Q8_0's and IQ4_NL's blocks
+// grouped, Q4_K's and Q6_K's rearranged), in place, or from a landing buffer where its rows grow
+// (the grouped formats' padded to whole groups).
 std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans) {
     auto m = std::make_shared<DeviceModel>();
     std::vector<const Weight*> weights;
