@@ -279,7 +279,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
     static_assert(kChunkUnits % D::kUnits == 0, "chunks of whole blocks");
     // the bytes of a chunk of `units` units: whole blocks (a row's last group of eight 32-value blocks
     // padded, Group8; the super-block formats' rows are whole blocks)
-    static constexpr bool kPadded = T == TensorType::Q4_0 || T == TensorType::Q5_0 || T == TensorType::Q8_0 || T == TensorType::IQ4_NL;
+    static constexpr bool kPadded = group_bytes(T) > 0;
     static __device__ int chunk_bytes(int units) { return (kPadded ? units + D::kUnits - 1 : units) / D::kUnits * kBlockBytes; }
     // the dot's per-lane form (QuantDot<T>::Lane), where every chunk of a row starts as far past a
     // 4-byte boundary
@@ -1027,17 +1027,12 @@ bool gemv_pairs(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs
     return false;
 }
 
-// The formats in groups of eight blocks on the device (Group8, quant_unit.cuh).
-static bool grouped(TensorType type) {
-    return type == TensorType::Q4_0 || type == TensorType::Q5_0 || type == TensorType::Q8_0 || type == TensorType::IQ4_NL;
-}
-
 // The grouped formats' (Group8) and Q4_K's dots read a unit's quants with 16-byte loads
 // (quant_dot.cuh): their rows (of whole groups and blocks, device_row_bytes apart) must start on
 // 16-byte boundaries, as the runner's uploads (256) and cudaMalloc give them.
 static void check_rows_aligned(TensorType type, const GemvArgs& a) {
-    if (!grouped(type) && type != TensorType::Q4_K) return;
-    if (a.row_bytes != device_row_bytes(type, a.cols))
+    if (!group_bytes(type) && type != TensorType::Q4_K) return;
+    if (group_bytes(type) && a.row_bytes != device_row_bytes(type, a.cols))  // (rows padded to whole groups)
         throw std::logic_error("the CUDA GEMV reads " + std::string(tensor_type_name(type)) + " rows of " + std::to_string(a.cols) +
                                " values as " + std::to_string(device_row_bytes(type, a.cols)) + " bytes apart (device_row_bytes), not " +
                                std::to_string(a.row_bytes));
@@ -1241,7 +1236,7 @@ size_t file_row_bytes(TensorType type, int64_t cols) {
 }  // namespace
 
 size_t device_row_bytes(TensorType type, int64_t cols) {
-    if (grouped(type)) return static_cast<size_t>((cols / 32 + 7) / 8 * 8) * tensor_type_info(type).type_size;
+    if (const size_t group = group_bytes(type)) return static_cast<size_t>((cols / 32 + 7) / 8) * group;
     return file_row_bytes(type, cols);
 }
 

@@ -65,6 +65,11 @@ using IQ4NLGroup = Group8<block_iq4_nl>;
 static_assert(sizeof(Q4_0Group) == 8 * sizeof(block_q4_0) && sizeof(Q5_0Group) == 8 * sizeof(block_q5_0) &&
                   sizeof(Q8_0Group) == 8 * sizeof(block_q8_0) && sizeof(IQ4NLGroup) == 8 * sizeof(block_iq4_nl),
               "groups: the same bytes as eight blocks");
+// The bytes of a group of `type` on the device; 0 for the formats not grouped.
+constexpr size_t group_bytes(TensorType type) {
+    return type == TensorType::Q4_0 ? sizeof(Q4_0Group) : type == TensorType::Q5_0 ? sizeof(Q5_0Group)
+           : type == TensorType::Q8_0 ? sizeof(Q8_0Group) : type == TensorType::IQ4_NL ? sizeof(IQ4NLGroup) : 0;
+}
 
 template <TensorType T>
 struct Unit;

@@ -217,6 +217,7 @@ struct Step {
     bool by_producer = false;   // Norm: its int8 copy written by the GEMV before it in one-token steps (norm_by_producer, at load)
     int32_t norm_step = -1;     // Gemv: the Norm step whose output it reads, where that may fold in (norm_folds) or come
                                 //   from the GEMV before the norm (norm_by_producer)
+    size_t row_bytes = 0;       // Gemv, Embed: the weight's rows on the device (device_row_bytes), worked out here once
 };
 
 class Runner final : public StepRunner {
@@ -556,7 +557,10 @@ void Runner::fuse() {
         Step s{};
         s.op = op;
         switch (op.kind) {
-            case OpKind::Embed: s.kind = Step::Embed; break;
+            case OpKind::Embed:
+                s.kind = Step::Embed;
+                s.row_bytes = device_row_bytes(op.weight->type, op.weight->cols);
+                break;
             case OpKind::RmsNorm: s.kind = Step::Norm; break;
             case OpKind::HeadRmsNorm: s.kind = Step::HeadNorm; break;
             case OpKind::Attention:
@@ -579,6 +583,7 @@ void Runner::fuse() {
             case OpKind::MatMul: {
                 s.kind = Step::Gemv;
                 const TensorType type = op.weight->type;
+                s.row_bytes = device_row_bytes(type, op.weight->cols);
                 if (!gemv_supports(type)) throw std::invalid_argument("the CUDA backend has no GEMV kernel for " + std::string(tensor_type_name(type)));
                 if (op.weight->cols % 32 != 0) throw std::invalid_argument("CUDA GEMV needs a multiple of 32 columns");
                 s.parts[s.n_parts++] = &op;
@@ -738,7 +743,7 @@ GemvArgs Runner::gemv_args(size_t k, int64_t n, int64_t first, StepBlock* b) con
     }
     a.n_parts = s.n_parts;
     a.glu = s.glu;
-    a.row_bytes = device_row_bytes(w.type, w.cols);
+    a.row_bytes = s.row_bytes;
     a.cols = w.cols;
     a.n_tokens = n - first;
     a.x = row(op.in, first);
@@ -784,7 +789,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
         const int64_t first = op.tail && !in.logits_out ? n - 1 : 0;
         switch (s.kind) {
             case Step::Embed:
-                push(Part::Embed, embed(op.weight->type, EmbedArgs{(*w_)(op.weight), device_row_bytes(op.weight->type, op.weight->cols), op.weight->cols, b->tokens, n,
+                push(Part::Embed, embed(op.weight->type, EmbedArgs{(*w_)(op.weight), s.row_bytes, op.weight->cols, b->tokens, n,
                                                                     row(Buf::X, 0), op.scale}));
                 break;
             case Step::Norm: {
