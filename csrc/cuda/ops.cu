@@ -48,9 +48,10 @@ struct Embed {
 
 // One block per row, four consecutive values per thread and pass (float4 loads, all in flight at
 // once, kept in registers: the row is read once; the weight's values loaded before the wait for
-// the input): the sum of squares by the block (rms_norm.cuh: the order the GEMVs that fold a norm
-// in share), then each thread writes its values, and eight threads quantize each 32-value run
-// together.
+// the input): the int8 copy's bytes first (eight threads quantize each 32-value run together: its
+// bytes need the run only, not the row's 1/rms, quantize_normed4), stored while the block sums the
+// squares (rms_norm.cuh: the order the GEMVs that fold a norm in share); then each thread writes
+// its values, and each run's scale d' · (1/rms).
 struct RmsNorm {
     using Args = NormArgs;
     static constexpr int kPasses = kRmsNormMaxCols / 4 / 1024;  // float4s per thread at most
@@ -63,6 +64,15 @@ struct RmsNorm {
         wait_inputs();
         __shared__ float unit_ss[kRmsNormMaxCols / 32];
         load_row(reinterpret_cast<const float4*>(a.in + blockIdx.x * a.n), n4, v);
+        float d_unscaled[kPasses] = {};  // (a.q: run i / 8's d', by its thread i % 8 == 0)
+        if (a.q)  // (rows a multiple of 32 wide: a run's eight threads are all in or all out)
+#pragma unroll
+            for (int k = 0; k < kPasses; ++k) {
+                const int i = threadIdx.x + k * blockDim.x;
+                if (k * blockDim.x >= n4) break;  // (uniform)
+                const uint32_t word = quantize_normed4(v[k], g[k], d_unscaled[k]);  // (zeros past the row)
+                if (i < n4) *reinterpret_cast<uint32_t*>(a.q[blockIdx.x * a.q_stride + i / 8].q + 4 * (i % 8)) = word;
+            }
         const float scale = block_rms_scale(v, n4, a.n, a.eps, unit_ss);
         trace_mark(0);  // (the row read and its scale known)
         float4* y = a.out ? reinterpret_cast<float4*>(a.out + blockIdx.x * a.n) : nullptr;
@@ -70,24 +80,15 @@ struct RmsNorm {
         for (int k = 0; k < kPasses; ++k) {
             const int i = threadIdx.x + k * blockDim.x;
             if (k * blockDim.x >= n4) break;  // (uniform)
-            float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (y && i < n4) {  // (in == out: the whole row was read above)
-                o = normed4(v[k], scale, g[k]);
+                float4 o = normed4(v[k], scale, g[k]);
                 if (a.accumulate) {
                     const float4 r = y[i];
                     o.x += r.x, o.y += r.y, o.z += r.z, o.w += r.w;
                 }
                 y[i] = o;
             }
-            if (a.q) {  // run i / 8 (rows a multiple of 32 wide: the eight threads are all in or all out)
-                float d;
-                const uint32_t word = quantize_normed4(v[k], g[k], d);  // (zeros past the row)
-                if (i < n4) {
-                    QBlock& out = a.q[blockIdx.x * a.q_stride + i / 8];
-                    *reinterpret_cast<uint32_t*>(out.q + 4 * (i % 8)) = word;
-                    if (i % 8 == 0) out.d = d * scale;
-                }
-            }
+            if (a.q && i < n4 && i % 8 == 0) a.q[blockIdx.x * a.q_stride + i / 8].d = d_unscaled[k] * scale;
         }
     }
 };

@@ -236,6 +236,8 @@ public:
         }
         arena_ = device_alloc<float>(total);
         sample_scratch_ = device_alloc<double>(static_cast<size_t>(c_.n_vocab));
+        sample_best_ = device_alloc<unsigned long long>(2);
+        ER_CUDA(cudaMemset(sample_best_.get(), 0, 2 * sizeof(unsigned long long)));
         qbuf_ = device_alloc<uint8_t>(static_cast<size_t>(plan_.max_tokens * q_stride()) * qblock_bytes() + 256);  // GEMV reads whole 16 bytes
         qglu_ = device_alloc<uint8_t>(static_cast<size_t>(q_stride()) * qblock_bytes() + 256);
         if (plan_.max_tokens >= kPrefillKernelTokens) hbuf_ = device_alloc<uint16_t>(static_cast<size_t>(plan_.max_tokens * h_stride()));
@@ -533,6 +535,7 @@ private:
     std::unique_ptr<StepBlock, FreeHost> host_block_;  // its pinned staging copy
     std::unique_ptr<float, FreeHost> logits_;
     DevicePtr<double> sample_scratch_;  // the sampler's weights, n_vocab
+    DevicePtr<unsigned long long> sample_best_;  // the sampler's blocks' merged best, then their count
     cudaStream_t stream_ = nullptr;
     std::vector<Launch> launches_;       // eager: this step's launches (capacity kept)
     cudaGraphExec_t graph_[2] = {};      // recorded: the one-token step ending in logits / a drawn token
@@ -857,7 +860,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
     }
     if (in.sample) {
         SampleArgs a{row(Buf::LOGITS, n - 1), static_cast<int32_t>(c_.n_vocab), &b->sampling, &b->sample_step, sample_scratch_.get(),
-                     drawn ? drawn : &b->sampled};
+                     sample_best_.get(), reinterpret_cast<unsigned*>(sample_best_.get() + 1), drawn ? drawn : &b->sampled};
         a.out_host = drawn != nullptr;
         if (next) {
             a.next = next->tokens;

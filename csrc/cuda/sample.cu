@@ -1,11 +1,15 @@
-// One block over the vocabulary. Instead of sorting, every cut of the contract is a threshold
-// on the logit: "the tokens at or above logit θ" is a prefix of the contract's order (logit
-// descending), so top-k, top-p and the draw each become a search for the θ at which a count or
-// a sum over {l ≥ θ} crosses its target: a bisection over the 2^32 ordered float keys, 32
-// block-wide reductions each. Ties between equal logits resolve to the lowest id (the contract
-// walks them in id order; with continuous logits they do not occur). With top-k of up to 1024
-// (the common case) the k best are found and sorted instead, and the walk is the CPU's
-// (sample_top_k): a few passes over the logits, not a hundred.
+// Sampling at the end of a step, in two parts. First the greedy token (the max logit, lowest id
+// on ties): a grid of blocks, each over its slice of kSlice logits, merges its best into one
+// 64-bit word (logit key << 32 | ~id, -0 as +0: an atomicMax orders by logit, then by lowest
+// id), and the last block to finish (a counter) takes the merged best and resets both. That
+// block alone then samples, when the temperature asks for it. Instead of sorting, every cut of
+// the contract is a threshold on the logit: "the tokens at or above logit θ" is a prefix of the
+// contract's order (logit descending), so top-k, top-p and the draw each become a search for the
+// θ at which a count or a sum over {l ≥ θ} crosses its target: a bisection over the 2^32 ordered
+// float keys, 32 block-wide reductions each. Ties between equal logits resolve to the lowest id
+// (the contract walks them in id order; with continuous logits they do not occur). With top-k
+// of up to 1024 (the common case) the k best are found and sorted instead, and the walk is the
+// CPU's (sample_top_k): a few passes over the logits, not a hundred.
 #include <cfloat>
 
 #include "check.cuh"
@@ -15,6 +19,7 @@ namespace edgerunner::cuda {
 namespace {
 
 constexpr int kThreads = 1024;
+constexpr int kSlice = 16 * kThreads;  // a block's logits for the greedy token: four float4s a thread, loaded at once
 
 __device__ __forceinline__ uint64_t mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -22,11 +27,12 @@ __device__ __forceinline__ uint64_t mix(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-// Floats → uint32 keys in the same order (negative values reversed).
+// Floats → uint32 keys in the same order (negative values reversed), and back.
 __device__ __forceinline__ uint32_t key(float f) {
     const uint32_t b = __float_as_uint(f);
     return b & 0x80000000u ? ~b : b | 0x80000000u;
 }
+__device__ __forceinline__ float from_key(uint32_t k) { return __uint_as_float(k & 0x80000000u ? k & 0x7FFFFFFFu : ~k); }
 
 template <typename T>
 __device__ T block_sum(T v, T* shared) {
@@ -209,26 +215,25 @@ __device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const De
 
 __device__ void Sample::run(const SampleArgs& a) {
     allow_next();
+    // the step block's header before the wait (written before the step's first kernel started)
+    const DeviceSampling p = *a.params;
+    const uint64_t step = *a.step;
+    const int64_t pos0 = a.next_pos0 ? *a.pos0 : 0;
     wait_inputs();
     const float* __restrict__ l = a.logits;
     const int32_t n = a.n_vocab;
-    double* w = a.scratch;
-    const DeviceSampling p = *a.params;
-    const uint64_t step = *a.step;
-    if (a.next_pos0 && threadIdx.x == 0) {
-        *a.next_pos0 = *a.pos0 + 1;
-        *a.next_step = step + 1;
-        *a.next_params = p;
-    }
     __shared__ double dsh[kThreads / 32];
     __shared__ float fsh[kThreads / 32];
     __shared__ int ish[kThreads / 32];
     __shared__ int best_id;
-    // max logit, lowest id on ties: each thread its ids in rising order, then warps and the block
+    __shared__ bool last;
+    // this block's slice: its max logit, lowest id on ties (each thread its ids in rising order,
+    // then warps and the block)
+    const int32_t from = static_cast<int32_t>(blockIdx.x) * kSlice;
     float mx = -FLT_MAX;
     int arg = n;
-    for_each_logit(l, n, [&](float v, int i, bool) {
-        if (v > mx) mx = v, arg = i;
+    for_each_logit(l + from, min(kSlice, n - from), [&](float v, int i, bool) {
+        if (v > mx) mx = v, arg = from + i;
     });
     auto warp_best = [&] {
         for (int o = 16; o > 0; o /= 2) {
@@ -247,11 +252,32 @@ __device__ void Sample::run(const SampleArgs& a) {
         mx = fsh[threadIdx.x];
         arg = ish[threadIdx.x];
         warp_best();
-        if (threadIdx.x == 0) fsh[0] = mx, best_id = arg;
+        if (threadIdx.x == 0) {
+            bool is_last = true;
+            if (gridDim.x > 1) {  // merged with the other blocks' bests; the last block goes on
+                atomicMax(a.best, static_cast<unsigned long long>(key(mx + 0.0f)) << 32 | ~static_cast<uint32_t>(arg));
+                __threadfence();  // the best merged before the count says so
+                is_last = atomicAdd(a.done, 1u) == gridDim.x - 1;
+                if (is_last) {
+                    const unsigned long long best = atomicExch(a.best, 0ull);  // (and both reset for the next step)
+                    *a.done = 0;
+                    mx = from_key(static_cast<uint32_t>(best >> 32));
+                    arg = static_cast<int>(~static_cast<uint32_t>(best));
+                }
+            }
+            last = is_last, fsh[0] = mx, best_id = arg;
+        }
     }
     __syncthreads();
+    if (!last) return;
     mx = fsh[0];
     const int top = best_id;
+    double* w = a.scratch;
+    if (a.next_pos0 && threadIdx.x == 0) {
+        *a.next_pos0 = pos0 + 1;
+        *a.next_step = step + 1;
+        *a.next_params = p;
+    }
     if (p.temperature <= 0.0f) {
         if (threadIdx.x == 0) emit(a, top);
         return;
@@ -306,6 +332,10 @@ __device__ void Sample::run(const SampleArgs& a) {
 
 }  // namespace
 
-Launch sample(const SampleArgs& a) { return make_launch<Sample>(dim3(1), dim3(kThreads), a); }
+Launch sample(const SampleArgs& a) {
+    const int blocks = (a.n_vocab + kSlice - 1) / kSlice;
+    if (blocks > 1 && (!a.best || !a.done)) throw std::logic_error("the device sampler of more than one block needs its scratch (best, done)");
+    return make_launch<Sample>(dim3(static_cast<unsigned>(blocks)), dim3(kThreads), a);
+}
 
 }  // namespace edgerunner::cuda

@@ -26,6 +26,8 @@ struct SampleArgs {
     const DeviceSampling* params;  // device: the step block's (a replayed step reads new values)
     const uint64_t* step;          // device: the RNG counter
     double* scratch;               // n_vocab doubles
+    unsigned long long* best;      // device, zero: the blocks' merged best (one word)
+    unsigned* done;                // device, zero: the blocks that have merged theirs (both reset by the last)
     int32_t* out;                  // the drawn token (device memory, or pinned host memory: out_host)
     int32_t* next = nullptr;       // or null: also written here (the next chained step's input token)
     // with next: the next chained step's header, written here from this step's (its position one
