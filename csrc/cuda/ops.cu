@@ -46,12 +46,46 @@ struct Embed {
     }
 };
 
+// The RMSNorm of a row held as load_row's float4s (v; its weight's in g) by the whole block: the
+// int8 copy's bytes first (eight threads quantize each 32-value run together: its bytes need the
+// run only, not the row's 1/rms, quantize_normed4), stored while the block sums the squares
+// (rms_norm.cuh: the order the GEMVs that fold a norm in share); then each thread writes its
+// values into y (or y +=; y may be null), and each run's scale d' · (1/rms) into q (or null: no
+// int8 copy). Rows a multiple of 32 wide where q: a run's eight threads are all in or all out.
+template <int kPasses>
+__device__ __forceinline__ void rms_norm_row(const float4 (&v)[kPasses], const float4 (&g)[kPasses], int n4, int64_t n, float eps,
+                                             float4* y, bool accumulate, QBlock* q) {
+    __shared__ float unit_ss[kRmsNormMaxCols / 32];
+    float d_unscaled[kPasses] = {};  // (q: run i / 8's d', by its thread i % 8 == 0)
+    if (q)
+#pragma unroll
+        for (int k = 0; k < kPasses; ++k) {
+            const int i = threadIdx.x + k * blockDim.x;
+            if (k * blockDim.x >= n4) break;  // (uniform)
+            const uint32_t word = quantize_normed4(v[k], g[k], d_unscaled[k]);  // (zeros past the row)
+            if (i < n4) *reinterpret_cast<uint32_t*>(q[i / 8].q + 4 * (i % 8)) = word;
+        }
+    const float scale = block_rms_scale(v, n4, n, eps, unit_ss);
+    trace_mark(0);  // (the row read and its scale known)
+#pragma unroll
+    for (int k = 0; k < kPasses; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (k * blockDim.x >= n4) break;  // (uniform)
+        if (y && i < n4) {  // (in == out: the whole row was read before)
+            float4 o = normed4(v[k], scale, g[k]);
+            if (accumulate) {
+                const float4 r = y[i];
+                o.x += r.x, o.y += r.y, o.z += r.z, o.w += r.w;
+            }
+            y[i] = o;
+        }
+        if (q && i < n4 && i % 8 == 0) q[i / 8].d = d_unscaled[k] * scale;
+    }
+}
+
 // One block per row, four consecutive values per thread and pass (float4 loads, all in flight at
 // once, kept in registers: the row is read once; the weight's values loaded before the wait for
-// the input): the int8 copy's bytes first (eight threads quantize each 32-value run together: its
-// bytes need the run only, not the row's 1/rms, quantize_normed4), stored while the block sums the
-// squares (rms_norm.cuh: the order the GEMVs that fold a norm in share); then each thread writes
-// its values, and each run's scale d' · (1/rms).
+// the input), normalized by rms_norm_row.
 struct RmsNorm {
     using Args = NormArgs;
     static constexpr int kPasses = kRmsNormMaxCols / 4 / 1024;  // float4s per thread at most
@@ -62,34 +96,51 @@ struct RmsNorm {
         float4 g[kPasses], v[kPasses];
         load_row(reinterpret_cast<const float4*>(a.w), n4, g);
         wait_inputs();
-        __shared__ float unit_ss[kRmsNormMaxCols / 32];
         load_row(reinterpret_cast<const float4*>(a.in + blockIdx.x * a.n), n4, v);
-        float d_unscaled[kPasses] = {};  // (a.q: run i / 8's d', by its thread i % 8 == 0)
-        if (a.q)  // (rows a multiple of 32 wide: a run's eight threads are all in or all out)
-#pragma unroll
-            for (int k = 0; k < kPasses; ++k) {
-                const int i = threadIdx.x + k * blockDim.x;
-                if (k * blockDim.x >= n4) break;  // (uniform)
-                const uint32_t word = quantize_normed4(v[k], g[k], d_unscaled[k]);  // (zeros past the row)
-                if (i < n4) *reinterpret_cast<uint32_t*>(a.q[blockIdx.x * a.q_stride + i / 8].q + 4 * (i % 8)) = word;
-            }
-        const float scale = block_rms_scale(v, n4, a.n, a.eps, unit_ss);
-        trace_mark(0);  // (the row read and its scale known)
-        float4* y = a.out ? reinterpret_cast<float4*>(a.out + blockIdx.x * a.n) : nullptr;
+        rms_norm_row(v, g, n4, a.n, a.eps, a.out ? reinterpret_cast<float4*>(a.out + blockIdx.x * a.n) : nullptr, a.accumulate,
+                     a.q ? a.q + blockIdx.x * a.q_stride : nullptr);
+    }
+};
+
+// The embedding with its norm's int8 copy (EmbedArgs::q): one block a token, laid out as the
+// RmsNorm kernel's, so that the next kernel reads the norm's copy at once (no norm kernel between:
+// one kernel boundary less a token, where the next GEMV's weights already stream). Thread t holds
+// the row's float4s t, t + P, ... as load_row leaves them: in each pass, a unit's first lane
+// decodes it into shared memory (swizzled as Embed's tile), each lane takes its float4 and stores
+// it (coalesced).
+template <TensorType T>
+struct EmbedNorm {
+    using Args = EmbedArgs;
+    static constexpr int kPasses = kEmbedNormMaxCols / 4 / 1024;  // (two: a unit's 32 values fit in registers beside them)
+    static constexpr int kBlockThreads = 1024, kMinBlocks = 1;
+    static __device__ void run(const Args& a) {
+        __shared__ float4 tile[kBlockThreads];  // a pass's float4s
+        allow_next();
+        const int n4 = static_cast<int>(a.cols / 4);
+        float4 g[kPasses], v[kPasses];
+        load_row(reinterpret_cast<const float4*>(a.norm_w), n4, g);
+        wait_inputs();
+        const int64_t t = blockIdx.x;
+        const uint8_t* row = a.w + static_cast<size_t>(a.tokens[t]) * a.row_bytes;
+        float4* x = reinterpret_cast<float4*>(a.x + t * a.cols);
+        const int me = threadIdx.x, unit = me / 8;  // (the pass's unit of this thread's float4)
 #pragma unroll
         for (int k = 0; k < kPasses; ++k) {
-            const int i = threadIdx.x + k * blockDim.x;
-            if (k * blockDim.x >= n4) break;  // (uniform)
-            if (y && i < n4) {  // (in == out: the whole row was read above)
-                float4 o = normed4(v[k], scale, g[k]);
-                if (a.accumulate) {
-                    const float4 r = y[i];
-                    o.x += r.x, o.y += r.y, o.z += r.z, o.w += r.w;
-                }
-                y[i] = o;
+            const int i = me + k * blockDim.x;
+            v[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (k * blockDim.x >= n4) continue;  // (uniform)
+            if (me % 8 == 0 && i < n4) {
+                float w[32];
+                Unit<T>::load(row, i / 8, w);
+#pragma unroll
+                for (int c = 0; c < 8; ++c)
+                    tile[8 * unit + (c ^ (unit & 7))] = make_float4(w[4 * c] * a.scale, w[4 * c + 1] * a.scale, w[4 * c + 2] * a.scale, w[4 * c + 3] * a.scale);
             }
-            if (a.q && i < n4 && i % 8 == 0) a.q[blockIdx.x * a.q_stride + i / 8].d = d_unscaled[k] * scale;
+            __syncthreads();
+            if (i < n4) x[i] = v[k] = tile[8 * unit + ((me % 8) ^ (unit & 7))];
+            __syncthreads();
         }
+        rms_norm_row(v, g, n4, a.cols, a.eps, nullptr, false, a.q + t * a.q_stride);
     }
 };
 
@@ -168,10 +219,17 @@ struct GatedAct {
 }  // namespace
 
 Launch embed(TensorType type, const EmbedArgs& a) {
+    static_assert(kEmbedNormMaxCols <= kRmsNormMaxCols, "rows the norm takes");
+    if (a.q && (a.cols % 32 != 0 || a.cols > kEmbedNormMaxCols || !a.norm_w))
+        throw std::invalid_argument("the CUDA embedding with its norm's int8 copy takes rows of a multiple of 32 values, up to " +
+                                    std::to_string(kEmbedNormMaxCols) + ", and the norm's weight (got " + std::to_string(a.cols) + ")");
     const dim3 grid(static_cast<unsigned>(a.n_tokens)), block(Embed<TensorType::F32>::kThreads);
+    const dim3 block_norm(static_cast<unsigned>(std::min<int64_t>(1024, (a.cols / 4 + 31) / 32 * 32)));  // (as rms_norm's)
     switch (type) {
-#define ER_EMBED(T) \
-    case TensorType::T: return make_launch<Embed<TensorType::T>>(grid, block, a);
+#define ER_EMBED(T)                                                                                   \
+    case TensorType::T:                                                                               \
+        if (a.q) return make_launch<EmbedNorm<TensorType::T>>(grid, block_norm, a);                  \
+        return make_launch<Embed<TensorType::T>>(grid, block, a);
         ER_EMBED(F32) ER_EMBED(F16) ER_EMBED(BF16) ER_EMBED(Q4_0) ER_EMBED(Q4_1) ER_EMBED(Q5_0) ER_EMBED(Q5_1)
         ER_EMBED(Q8_0) ER_EMBED(IQ4_NL) ER_EMBED(Q2_K) ER_EMBED(Q3_K) ER_EMBED(Q4_K) ER_EMBED(Q5_K) ER_EMBED(Q6_K)
         ER_EMBED(Q8_K) ER_EMBED(IQ4_XS)

@@ -17,7 +17,9 @@
 
 namespace edgerunner::cuda {
 
-// x[t] = row tokens[t] of the embedding matrix, decoded from its blocks, × scale.
+// x[t] = row tokens[t] of the embedding matrix, decoded from its blocks, × scale; with q, also
+// the int8 copy of x[t]'s RMSNorm (weight norm_w: the first layer's norm, in one-token steps
+// whose readers of that norm all take its int8 copy), the RmsNorm kernel's bits.
 struct EmbedArgs {
     const uint8_t* w;  // in the device layout (to_device_layout)
     size_t row_bytes;  // device_row_bytes
@@ -26,8 +28,13 @@ struct EmbedArgs {
     int64_t n_tokens;
     float* x;
     float scale;
+    const float* norm_w = nullptr;  // with q: cols floats
+    float eps = 0.0f;
+    QBlock* q = nullptr;  // or null; cols / 32 blocks a token, q_stride apart
+    int64_t q_stride = 0;
 };
 Launch embed(TensorType type, const EmbedArgs& a);
+constexpr int64_t kEmbedNormMaxCols = 8192;  // rows of up to this many values take q (wider: the norm kernel runs)
 
 // out[r] = in[r] / rms(in[r]) · w (or out[r] += that: a post-norm into the residual) for `rows`
 // contiguous rows of n values (in == out allowed); with q, each written row is also quantized

@@ -215,6 +215,7 @@ struct Step {
     int32_t n_readers = 0;      // ... and how many: none where the norm cannot be folded into them
     bool folded = false;        // Norm: folded into those GEMVs in one-token steps (norm_folds, decided at load)
     bool by_producer = false;   // Norm: its int8 copy written by the GEMV before it in one-token steps (norm_by_producer, at load)
+    bool by_embed = false;      // Norm: its int8 copy written by the embedding before it in one-token steps (norm_by_embed, at load)
     int32_t norm_step = -1;     // Gemv: the Norm step whose output it reads, where that may fold in (norm_folds) or come
                                 //   from the GEMV before the norm (norm_by_producer)
     size_t row_bytes = 0;       // Gemv, Embed: the weight's rows on the device (device_row_bytes), worked out here once
@@ -267,8 +268,9 @@ public:
         qnorm_ = device_alloc<uint8_t>(static_cast<size_t>(c_.n_embd / 32) * qblock_bytes() + 256);
         qnorm_ss_ = device_alloc<float>(static_cast<size_t>(c_.n_embd / 32));
         for (size_t k = 0; k < steps_.size(); ++k) {
-            steps_[k].by_producer = norm_by_producer(k, reinterpret_cast<StepBlock*>(block_.get()));
-            steps_[k].folded = !steps_[k].by_producer && norm_folds(k, reinterpret_cast<StepBlock*>(block_.get()));
+            steps_[k].by_embed = norm_by_embed(k);
+            steps_[k].by_producer = !steps_[k].by_embed && norm_by_producer(k, reinterpret_cast<StepBlock*>(block_.get()));
+            steps_[k].folded = !steps_[k].by_embed && !steps_[k].by_producer && norm_folds(k, reinterpret_cast<StepBlock*>(block_.get()));
         }
     }
     ~Runner() override {
@@ -425,6 +427,10 @@ private:
     // which adds the residual the norm reads (gemv_norms_out: no norm kernel runs; Step::by_producer,
     // asked at load), and read by the GEMVs after it from qnorm_.
     bool norm_by_producer(size_t k, StepBlock* b) const;
+    // Whether, in a one-token step, Norm step k's int8 copy is written by the embedding before it
+    // (EmbedArgs::q: no norm kernel runs, and the GEMVs after it read the copy as the norm kernel's;
+    // Step::by_embed, asked at load). Taken before the two above: it leaves no work to its readers.
+    bool norm_by_embed(size_t k) const;
     GemvNormOut norm_out(size_t k) const {
         return GemvNormOut{reinterpret_cast<const float*>((*w_)(steps_[k].op.weight)), reinterpret_cast<QBlock*>(qnorm_.get()), qnorm_ss_.get()};
     }
@@ -686,6 +692,16 @@ bool Runner::norm_by_producer(size_t k, StepBlock* b) const {
     return gemv_norms_out(p.op.weight->type, a);
 }
 
+bool Runner::norm_by_embed(size_t k) const {
+    static const bool enabled = [] {  // (EDGERUNNER_CUDA_EMBED_NORM=0: never, for measurements)
+        const char* env = std::getenv("EDGERUNNER_CUDA_EMBED_NORM");
+        return !(env && std::string(env) == "0");
+    }();
+    const Step& s = steps_[k];
+    return enabled && s.kind == Step::Norm && k == 1 && steps_[0].kind == Step::Embed && s.op.in == Buf::X && s.n_readers > 0 &&
+           width(Buf::X) % 32 == 0 && width(Buf::X) <= kEmbedNormMaxCols;
+}
+
 // Two GEMV steps in a row on the same input in two formats (Q·K, then a V of another type): one
 // launch in a one-token step (where gemv_pairs takes their arguments).
 bool Runner::pairs_with_next(size_t k) const {
@@ -791,12 +807,19 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
         // tail ops (final norm, LM head) only for the rows whose logits are wanted
         const int64_t first = op.tail && !in.logits_out ? n - 1 : 0;
         switch (s.kind) {
-            case Step::Embed:
-                push(Part::Embed, embed(op.weight->type, EmbedArgs{(*w_)(op.weight), s.row_bytes, op.weight->cols, b->tokens, n,
-                                                                    row(Buf::X, 0), op.scale}));
+            case Step::Embed: {
+                EmbedArgs e{(*w_)(op.weight), s.row_bytes, op.weight->cols, b->tokens, n, row(Buf::X, 0), op.scale};
+                if (n == 1 && k + 1 < steps_.size() && steps_[k + 1].by_embed) {  // with the norm's int8 copy
+                    e.norm_w = reinterpret_cast<const float*>((*w_)(steps_[k + 1].op.weight));
+                    e.eps = c_.norm_eps;
+                    e.q = qrow(0);
+                    e.q_stride = q_stride();
+                }
+                push(Part::Embed, embed(op.weight->type, e));
                 break;
+            }
             case Step::Norm: {
-                if (n == 1 && (s.folded || s.by_producer)) break;  // the GEMVs around it do its work
+                if (n == 1 && (s.folded || s.by_producer || s.by_embed)) break;  // the kernels around it do its work
                 const bool q_out = s.q_out && !takes_gemm(k + 1, n - first);
                 // a one-token norm whose readers all take its int8 copy (find_readers) writes only that
                 float* out = n == 1 && q_out && s.n_readers > 0 ? nullptr : row(op.out, first);
