@@ -6,8 +6,9 @@
 // (in a small one-token step also writing the down projection's int8 input:
 // quantizes_for_next); the residual added by the GEMV that produces it, which in a one-token step
 // also writes the next RMSNorm's int8 copy unit by unit, so no norm kernel runs: norm_by_producer;
-// elsewhere in small one-token steps the norm folded into the GEMVs that read it: norm_folds), and
-// each step becomes one or two kernel launches (launch.cuh).
+// elsewhere in small one-token steps the norm folded into the GEMVs that read it: norm_folds; the
+// first layer's norm written by the embedding: norm_by_embed), and each step becomes one or two
+// kernel launches (launch.cuh).
 // Per-step values (first position, tokens, sampling parameters) live in a device step block
 // that one copy from pinned memory fills, so the one-token step can be replayed unchanged:
 //   eager             the launches' arguments encoded and launched every step;
