@@ -280,18 +280,18 @@ def test_cuda_sampling_matches_the_cpu_sampler(tmp_path, params):
 
 
 def test_cuda_greedy_ties_resolve_to_the_lowest_id_across_blocks(tmp_path):
-    """The greedy token is merged over blocks of 4096 logits: equal logits in different blocks
-    go to the lowest id, as the CPU sampler's walk does. The LM head (Q8_0, 20000 rows, five
+    """The greedy token is merged over blocks of 16384 logits: equal logits in different blocks
+    go to the lowest id, as the CPU sampler's walk does. The LM head (Q8_0, 40000 rows, three
     blocks) has every block's scale zeroed (logit 0) but for three copies of one row (ids 4100,
-    9000, 13000) and three of its negation (4200, 9100, 13100), so 4100 or 4200 wins each draw
-    over equal logits in two later blocks; a second pass zeroes those too, so every logit ties
-    and id 0 must win."""
+    20000, 36000: one in each block) and three of its negation (4200, 20100, 36100), so 4100 or
+    4200 wins each draw over equal logits in the two later blocks; a second pass zeroes those
+    too, so every logit ties and id 0 must win."""
     import gguf
 
     from edgerunner.model_builder import write_random_model
 
     path = tmp_path / "m.gguf"
-    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=5, vocab_size=20000, tied=False)
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=5, vocab_size=40000, tied=False)
 
     def patch(rows_kept):
         r = gguf.GGUFReader(path, "r+")
@@ -300,15 +300,15 @@ def test_cuda_greedy_ties_resolve_to_the_lowest_id_across_blocks(tmp_path):
         row = blocks[4100].copy()
         blocks[:, :, :2] = 0  # d = +0
         if rows_kept:
-            blocks[[4100, 9000, 13000]] = row
+            blocks[[4100, 20000, 36000]] = row
             row[:, 1] ^= 0x80  # d negated
-            blocks[[4200, 9100, 13100]] = row
+            blocks[[4200, 20100, 36100]] = row
         r.data.flush()
 
     for rows_kept, want_ids in ((True, {4100, 4200}), (False, {0})):
         patch(rows_kept)
         model = _core.Model.load(str(path), backend="cuda")
-        sampler = _core.Sampler(20000, seed=3)
+        sampler = _core.Sampler(40000, seed=3)
         for seed in range(6):
             s = _core.Session(model)
             s.eval(prompt(np.random.default_rng(seed), 5))
@@ -318,7 +318,7 @@ def test_cuda_greedy_ties_resolve_to_the_lowest_id_across_blocks(tmp_path):
                 logits = s.logits()
                 assert token == sampler.sample(logits, [], len(s.tokens)) and token in want_ids, f"prompt {seed}, draw {step}: {token}"
                 if rows_kept:
-                    assert logits[4100] == logits[9000] == logits[13000] == -logits[4200] != 0
+                    assert logits[4100] == logits[20000] == logits[36000] == -logits[4200] != 0
         del model
 
 
