@@ -19,6 +19,12 @@
 #   bench/h200.sh gemv-profile NAME T N   the first N one-token staged GEMVs of type T (TensorType's number: 2 Q4_0,
 #                                         12 Q4_K, 14 Q6_K; no RoPE, no int8 output) of a decode step under ncu,
 #                                         serialised: DRAM and issue throughput, occupancy, stall reasons
+#   bench/h200.sh decode-stalls NAME [SKIP COUNT]  the decode step's per-layer kernels (GEMVs, attention, norms,
+#                                         quantize) of /tmp/m/NAME.gguf under ncu after a 16-token prompt, COUNT
+#                                         launches from the SKIP-th (default 80 and 14: the third layer on a Llama;
+#                                         the prompt's 65 norms come first): time and why warps stalled, among them
+#                                         no_instruction (instruction fetch). Application replay and caches left as
+#                                         they are, so each kernel meets the caches its predecessor left (serialised)
 #   bench/h200.sh prefill-profile NAME... the first layer's four prefill GEMMs of a 512-token prompt under ncu:
 #                                         occupancy, pipes, L2 / DRAM, stall reasons
 #   bench/h200.sh base                    build the tree in .ab/base (never committed: `git archive REV | tar -x -C
@@ -106,6 +112,16 @@ case "${1:-}" in
       --metrics "${stalls}sm__inst_executed.sum" python3 bench/decode_once.py /tmp/m/$name.gguf eager 1 2>/dev/null |
       grep -E "GemvStaged|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc Active|Achieved Occupancy|Warp Cycles Per Issued|Grid Size|stalled|inst_executed.sum" |
       sed -E 's/^ +//; s/ {2,}/ /g' | cut -c1-150 ;;
+  decode-stalls)
+    name=$2; skip=${3:-80}; count=${4:-14}
+    stalls=$(printf 'smsp__warp_issue_stalled_%s_per_warp_active.pct,' no_instruction long_scoreboard short_scoreboard wait \
+      barrier mio_throttle lg_throttle branch_resolving)
+    ncu --kernel-name-base mangled --clock-control none --cache-control none --replay-mode application \
+      -k "regex:DecodeAttention|GemvStaged|RmsNorm|Quantize" --launch-skip "$skip" --launch-count "$count" \
+      --metrics "gpu__time_duration.sum,${stalls}smsp__inst_executed.sum" \
+      python3 bench/decode_once.py /tmp/m/$name.gguf eager 16 2>/dev/null |
+      grep -E "^  [a-zA-Z_].*\(|gpu__time|stalled|inst_executed" |
+      sed -E 's/^ +//; s/ {2,}/ /g; s/void edgerunner::cuda::by_value[_a-z]*<edgerunner::cuda::\(anonymous namespace\)::/</' | cut -c1-150 ;;
   prefill-profile)
     shift
     stalls=$(printf 'smsp__warp_issue_stalled_%s_per_warp_active.pct,' wait long_scoreboard short_scoreboard selected \
