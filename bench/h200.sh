@@ -21,8 +21,9 @@
 #                                         serialised: DRAM and issue throughput, occupancy, stall reasons
 #   bench/h200.sh decode-stalls NAME [SKIP COUNT]  the decode step's per-layer kernels (GEMVs, attention, norms,
 #                                         quantize) of /tmp/m/NAME.gguf under ncu after a 16-token prompt, COUNT
-#                                         launches from the SKIP-th (default 80 and 14: the third layer on a Llama;
-#                                         the prompt's 65 norms come first): time and why warps stalled, among them
+#                                         launches from the SKIP-th (default 80 and 14: on a 32-layer Llama, the
+#                                         prompt's 65 norms come first, then the step; from the second layer's down
+#                                         projection through the third layer): time and why warps stalled, among them
 #                                         no_instruction (instruction fetch). Application replay and caches left as
 #                                         they are, so each kernel meets the caches its predecessor left (serialised)
 #   bench/h200.sh prefill-profile NAME... the first layer's four prefill GEMMs of a 512-token prompt under ncu:
@@ -121,7 +122,7 @@ case "${1:-}" in
       --metrics "gpu__time_duration.sum,${stalls}smsp__inst_executed.sum" \
       python3 bench/decode_once.py /tmp/m/$name.gguf eager 16 2>/dev/null |
       grep -E "^  [a-zA-Z_].*\(|gpu__time|stalled|inst_executed" |
-      sed -E 's/^ +//; s/ {2,}/ /g; s/void edgerunner::cuda::by_value[_a-z]*<edgerunner::cuda::\(anonymous namespace\)::/</' | cut -c1-150 ;;
+      sed -E 's/^ +//; s/ {2,}/ /g; s/^void by_value[_a-z]*<unnamed>::/</' | cut -c1-150 ;;
   prefill-profile)
     shift
     stalls=$(printf 'smsp__warp_issue_stalled_%s_per_warp_active.pct,' wait long_scoreboard short_scoreboard selected \
