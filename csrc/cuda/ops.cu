@@ -18,6 +18,19 @@ namespace {
 // (Unit<T>::load) and scaled, then through shared memory (float4s, swizzled against bank
 // conflicts), so that the block stores the row as whole coalesced float4s (a thread storing its
 // unit's 32 floats itself touched 32 lines an instruction: 6.2 µs for the 8B's row).
+// A unit of 32 decoded values × scale into slot `slot` of a tile of float4s, swizzled against bank
+// conflicts, and where float4 i of the tile's run of slots sits (so that a block stores a row as
+// whole coalesced float4s: Embed, EmbedNorm).
+template <TensorType T>
+__device__ __forceinline__ void unit_to_tile(const uint8_t* row, int64_t unit, float scale, float4* tile, int slot) {
+    float w[32];
+    Unit<T>::load(row, unit, w);
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+        tile[8 * slot + (c ^ (slot & 7))] = make_float4(w[4 * c] * scale, w[4 * c + 1] * scale, w[4 * c + 2] * scale, w[4 * c + 3] * scale);
+}
+__device__ __forceinline__ int tile_at(int i) { return i - i % 8 + ((i % 8) ^ (i / 8 & 7)); }
+
 template <TensorType T>
 struct Embed {
     using Args = EmbedArgs;
@@ -31,16 +44,10 @@ struct Embed {
         float4* x = reinterpret_cast<float4*>(a.x + t * a.cols);
         const int n_units = static_cast<int>(a.cols / 32), me = threadIdx.x;
         for (int u0 = 0; u0 < n_units; u0 += kThreads) {
-            if (u0 + me < n_units) {
-                float w[32];
-                Unit<T>::load(row, u0 + me, w);
-#pragma unroll
-                for (int i = 0; i < 8; ++i)
-                    tile[8 * me + (i ^ (me & 7))] = make_float4(w[4 * i] * a.scale, w[4 * i + 1] * a.scale, w[4 * i + 2] * a.scale, w[4 * i + 3] * a.scale);
-            }
+            if (u0 + me < n_units) unit_to_tile<T>(row, u0 + me, a.scale, tile, me);
             __syncthreads();
             const int n4 = 8 * min(kThreads, n_units - u0);
-            for (int i = me; i < n4; i += kThreads) x[8 * u0 + i] = tile[i - i % 8 + ((i % 8) ^ (i / 8 & 7))];
+            for (int i = me; i < n4; i += kThreads) x[8 * u0 + i] = tile[tile_at(i)];
             __syncthreads();
         }
     }
@@ -136,7 +143,7 @@ struct RmsNorm {
 // RmsNorm kernel's, so that the next kernel reads the norm's copy at once (no norm kernel between:
 // one kernel boundary less a token, where the next GEMV's weights already stream). Thread t holds
 // the row's float4s t, t + P, ... as load_row leaves them: in each pass, a unit's first lane
-// decodes it into shared memory (swizzled as Embed's tile), each lane takes its float4 and stores
+// decodes it into shared memory (unit_to_tile, as Embed), each lane takes its float4 and stores
 // it (coalesced).
 template <TensorType T>
 struct EmbedNorm {
@@ -159,15 +166,9 @@ struct EmbedNorm {
             const int i = me + k * blockDim.x;
             v[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (k * blockDim.x >= n4) continue;  // (uniform)
-            if (me % 8 == 0 && i < n4) {
-                float w[32];
-                Unit<T>::load(row, i / 8, w);
-#pragma unroll
-                for (int c = 0; c < 8; ++c)
-                    tile[8 * unit + (c ^ (unit & 7))] = make_float4(w[4 * c] * a.scale, w[4 * c + 1] * a.scale, w[4 * c + 2] * a.scale, w[4 * c + 3] * a.scale);
-            }
+            if (me % 8 == 0 && i < n4) unit_to_tile<T>(row, i / 8, a.scale, tile, unit);
             __syncthreads();
-            if (i < n4) x[i] = v[k] = tile[8 * unit + ((me % 8) ^ (unit & 7))];
+            if (i < n4) x[i] = v[k] = tile[tile_at(me)];
             __syncthreads();
         }
         rms_norm_row(v, g, n4, a.cols, a.eps, nullptr, false, a.q + t * a.q_stride);
