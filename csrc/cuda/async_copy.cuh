@@ -20,6 +20,42 @@ __device__ __forceinline__ void wait_pending() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// Bulk copies by the TMA unit (sm_90+): one lane asks for a whole chunk of a row in one
+// instruction (cp.async.bulk: 16-byte aligned ends, a multiple of 16 bytes), and the chunk's
+// mbarrier counts its bytes in; the warp then waits on that barrier's phase. Beside cp.async's
+// 16-byte piece a lane, this leaves the warp the dots' instructions alone (bench/NOTES.md,
+// twenty-ninth CUDA session). ER_BULK_COPY says whether this device pass has them.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define ER_BULK_COPY 1
+#endif
+__device__ __forceinline__ unsigned smem_address(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+#if defined(ER_BULK_COPY)
+// A barrier of one arrival (the lane that asks for the bytes); then fence_barrier_init.
+__device__ __forceinline__ void barrier_init(uint64_t* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_address(bar)) : "memory");
+}
+__device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+// The lane's arrival for the barrier's current phase, which then also waits for `bytes` bytes.
+__device__ __forceinline__ void barrier_expect(uint64_t* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* smem, const void* global, unsigned bytes, uint64_t* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_address(smem)),
+                 "l"(global), "r"(bytes), "r"(smem_address(bar))
+                 : "memory");
+}
+// Until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(uint64_t* bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(smem_address(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+#endif
+
 // Copy [begin, begin + bytes) into dst as 16-byte pieces from the 16-byte boundary at or below
 // begin (lanes `lane` of `lanes`); returns where begin landed.
 __device__ __forceinline__ const uint8_t* stage_copy(uint8_t* dst, const uint8_t* begin, size_t bytes, int lane, int lanes) {

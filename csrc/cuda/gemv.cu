@@ -285,6 +285,18 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
     // 4-byte boundary
     static constexpr bool kLanes = LanesOf<D>::value && kChunkBytes % 4 == 0 && kPerLane == 1;
     using Lane = typename LanesOf<D>::type;
+    // kStream's ring filled by the TMA unit (async_copy.cuh's bulk copies) where the device pass
+    // has them and a chunk is two units a lane (Q4_0, Q4_K, ...): such a stream is bound by the
+    // instructions its SMs issue, ~90 of a warp's ~390 a chunk went to its cp.async pieces
+    // (bench/NOTES.md, twentieth CUDA session), and with bulk copies the 8B Q4_0 and Q4_K_M ran
+    // 1 % faster, the 1B Q4_0 3 %. A chunk of one unit a lane (Q8_0, Q6_K) streamed 8 % slower so,
+    // and the other kernels' rings, which start their chunks before their wait, 1–5 % slower
+    // (twenty-ninth CUDA session): they keep cp.async.
+#if defined(ER_BULK_COPY)
+    static constexpr bool kBulk = kStream && kPerLane == 2;
+#else
+    static constexpr bool kBulk = false;
+#endif
 
     static __device__ void run(const Args& a) {
         if constexpr (kStream) stream(a);
@@ -505,6 +517,20 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
         const int n_units = static_cast<int>(a.cols / 32);
         const int n_chunks = (n_units + kChunkUnits - 1) / kChunkUnits;
         uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + warp * (kBuffers * kSlots * kStageBytes);
+        // (kBulk: ring buffer i's barrier, and the parity of its next phase in bit i of `phases`)
+        uint64_t* bar = nullptr;
+        unsigned phases = 0;
+#if defined(ER_BULK_COPY)
+        if constexpr (kBulk) {
+            __shared__ uint64_t bars[kWarps * kBuffers];
+            bar = bars + warp * kBuffers;
+            if (lane == 0) {
+                for (int i = 0; i < kBuffers; ++i) barrier_init(bar + i);
+                fence_barrier_init();
+            }
+            __syncwarp();
+        }
+#endif
         // item w's rows: gate row w and up row w, or rows 2w and 2w + 1 (null past the end)
         auto item_rows = [&](int64_t w, const uint8_t* (&row)[kSlots]) {
             row[0] = a.part[0].w + static_cast<size_t>(gated ? w : 2 * w) * a.row_bytes;
@@ -512,12 +538,31 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
         };
         auto skew = [](const uint8_t* row, int c) { return static_cast<int>((reinterpret_cast<uintptr_t>(row) + c * kChunkBytes) & 15); };
         // the ring's feed: chunk fc of item fi goes next, into ring buffer `slot` (one commit group,
-        // empty past the warp's last item)
+        // empty past the warp's last item; kBulk: lane 0 asks for each row's bytes, which the
+        // buffer's barrier counts in, and nothing past the last item)
         int64_t fi = first;
         int fc = 0;
         const uint8_t* feed[kSlots];
         item_rows(fi, feed);
         auto issue = [&](int slot) {
+#if defined(ER_BULK_COPY)
+            if constexpr (kBulk) {
+                if (fi < items) {
+                    if (lane == 0) {
+                        const int bytes = chunk_bytes(min(kChunkUnits, n_units - fc * kChunkUnits));
+                        unsigned size[kSlots], total = 0;
+#pragma unroll
+                        for (int s = 0; s < kSlots; ++s) total += size[s] = feed[s] ? (skew(feed[s], fc) + bytes + 15) / 16 * 16 : 0;
+                        barrier_expect(bar + slot, total);
+#pragma unroll
+                        for (int s = 0; s < kSlots; ++s)
+                            if (size[s]) bulk_copy(stage + (slot * kSlots + s) * kStageBytes, feed[s] + fc * kChunkBytes - skew(feed[s], fc), size[s], bar + slot);
+                    }
+                    if (++fc == n_chunks) fc = 0, fi += stride, item_rows(fi, feed);
+                }
+                return;
+            }
+#endif
             if (fi < items) {
                 const int bytes = chunk_bytes(min(kChunkUnits, n_units - fc * kChunkUnits));
 #pragma unroll
@@ -549,8 +594,16 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
 #pragma unroll
                 for (int s = 0; s < kSlots; ++s) lanes[s] = D::lane(static_cast<int>(reinterpret_cast<uintptr_t>(row[s]) & 3), lane);
             for (int c = 0; c < n_chunks; ++c) {
-                wait_pending<kDepth - 1>();  // this lane's pieces of chunk c have landed ...
-                __syncwarp();               // ... and every lane's
+#if defined(ER_BULK_COPY)
+                if constexpr (kBulk) {
+                    barrier_wait(bar + slot, (phases >> slot) & 1);  // chunk c has landed
+                    phases ^= 1u << slot;
+                } else
+#endif
+                {
+                    wait_pending<kDepth - 1>();  // this lane's pieces of chunk c have landed ...
+                    __syncwarp();               // ... and every lane's
+                }
                 const uint8_t* buffer = stage + slot * kSlots * kStageBytes;
 #pragma unroll
                 for (int i = 0; i < kPerLane; ++i) {
