@@ -22,9 +22,10 @@ __device__ __forceinline__ void wait_pending() {
 
 // Bulk copies by the TMA unit (sm_90+): one lane asks for a whole chunk of a row in one
 // instruction (cp.async.bulk: 16-byte aligned ends, a multiple of 16 bytes), and the chunk's
-// mbarrier counts its bytes in; the warp then waits on that barrier's phase. Beside cp.async's
-// 16-byte piece a lane, this leaves the warp the dots' instructions alone (bench/NOTES.md,
-// twenty-ninth CUDA session). ER_BULK_COPY says whether this device pass has them.
+// mbarrier counts its bytes in; the warp then waits on that barrier's phase. Against cp.async,
+// whose lanes each issue a 16-byte piece with its address arithmetic, the warp issues a few
+// instructions a chunk (bench/NOTES.md, twenty-ninth CUDA session). ER_BULK_COPY says whether
+// this device pass has them.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define ER_BULK_COPY 1
 #endif
