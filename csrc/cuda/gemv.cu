@@ -285,18 +285,6 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
     // 4-byte boundary
     static constexpr bool kLanes = LanesOf<D>::value && kChunkBytes % 4 == 0 && kPerLane == 1;
     using Lane = typename LanesOf<D>::type;
-    // kStream's ring filled by the TMA unit (async_copy.cuh's bulk copies) where the device pass
-    // has them and a chunk is two units a lane (Q4_0, Q4_K, ...): such a stream is bound by the
-    // instructions its SMs issue, ~90 of a warp's ~390 a chunk went to its cp.async pieces
-    // (bench/NOTES.md, twentieth CUDA session), and with bulk copies the 8B Q4_0 and Q4_K_M ran
-    // 1 % faster, the 1B Q4_0 3 %. Streams of one unit a lane (Q8_0, Q6_K) ran 8 % slower so, and
-    // the other kernels' rings 0.4–5 % slower (the deep rings alone: the 8B Q4_0 0.8 % slower, the
-    // 1B 2 % faster; twenty-ninth CUDA session): they keep cp.async.
-#if defined(ER_BULK_COPY)
-    static constexpr bool kBulk = kStream && kPerLane == 2;
-#else
-    static constexpr bool kBulk = false;
-#endif
 
     static __device__ void run(const Args& a) {
         if constexpr (kStream) stream(a);
@@ -517,10 +505,18 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
         const int n_units = static_cast<int>(a.cols / 32);
         const int n_chunks = (n_units + kChunkUnits - 1) / kChunkUnits;
         uint8_t* stage = reinterpret_cast<uint8_t*>(smem) + warp * (kBuffers * kSlots * kStageBytes);
-        // (kBulk: ring buffer i's barrier, and the parity of its next phase in bit i of `phases`)
-        uint64_t* bar = nullptr;
-        unsigned phases = 0;
 #if defined(ER_BULK_COPY)
+        // The ring filled by the TMA unit (async_copy.cuh's bulk copies) where the device pass has
+        // them and a chunk is two units a lane (Q4_0, Q4_K, ...): such a stream is bound by the
+        // instructions its SMs issue, ~90 of a warp's ~390 a chunk went to its cp.async pieces
+        // (bench/NOTES.md, twentieth CUDA session), and with bulk copies the 8B Q4_0 and Q4_K_M ran
+        // 1 % faster, the 1B Q4_0 3 %. Streams of one unit a lane (Q8_0, Q6_K) ran 8 % slower so,
+        // and the other kernels' rings (run_block) 0.4–5 % slower (the deep rings alone: the 8B
+        // Q4_0 0.8 % slower, the 1B 2 % faster; twenty-ninth CUDA session): they keep cp.async.
+        // bar: ring buffer i's barrier; bit i of `phases`: the parity of its next phase.
+        constexpr bool kBulk = kPerLane == 2;
+        [[maybe_unused]] uint64_t* bar = nullptr;
+        [[maybe_unused]] unsigned phases = 0;
         if constexpr (kBulk) {
             __shared__ uint64_t bars[kWarps * kBuffers];
             bar = bars + warp * kBuffers;
