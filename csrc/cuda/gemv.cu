@@ -510,9 +510,10 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
         // them and a chunk is two units a lane (Q4_0, Q4_K, ...): such a stream is bound by the
         // instructions its SMs issue, ~90 of a warp's ~390 a chunk went to its cp.async pieces
         // (bench/NOTES.md, twentieth CUDA session), and with bulk copies the 8B Q4_0 and Q4_K_M ran
-        // 1 % faster, the 1B Q4_0 3 %. Streams of one unit a lane (Q8_0, Q6_K) ran 8 % slower so,
-        // and the other kernels' rings (run_block) 0.4–5 % slower (the deep rings alone: the 8B
-        // Q4_0 0.8 % slower, the 1B 2 % faster; twenty-ninth CUDA session): they keep cp.async.
+        // 1 % faster, the 1B Q4_0 3 %. Q8_0's streams, one unit a lane, ran 8 % slower so (Q6_K's,
+        // also one unit a lane, stay with them), and the other kernels' rings (run_block) 0.4–5 %
+        // slower (the deep rings alone: the 8B Q4_0 0.8 % slower, the 1B 2 % faster; twenty-ninth
+        // CUDA session): they keep cp.async.
         // bar: ring buffer i's barrier; bit i of `phases`: the parity of its next phase.
         constexpr bool kBulk = kPerLane == 2;
         [[maybe_unused]] uint64_t* bar = nullptr;
