@@ -24,7 +24,9 @@
 #                                         launches from the SKIP-th (default 80 and 14: on a 32-layer Llama, the
 #                                         prompt's 65 norms come first, then the step; from the second layer's down
 #                                         projection through the third layer): time and why warps stalled, among them
-#                                         no_instruction (instruction fetch). Application replay and caches left as
+#                                         no_instruction (instruction fetch; over every block's warps: the attention's
+#                                         blocks with no work make most of its share, bench/NOTES.md, twenty-ninth
+#                                         CUDA session). Application replay and caches left as
 #                                         they are, so each kernel meets the caches its predecessor left (serialised)
 #   bench/h200.sh prefill-profile NAME... the first layer's four prefill GEMMs of a 512-token prompt under ncu:
 #                                         occupancy, pipes, L2 / DRAM, stall reasons

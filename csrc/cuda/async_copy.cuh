@@ -9,9 +9,11 @@
 
 namespace edgerunner::cuda {
 
+// A shared-memory pointer as the 32-bit address the copy instructions take.
+__device__ __forceinline__ unsigned smem_address(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+
 __device__ __forceinline__ void copy16(void* smem, const void* global) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_address(smem)), "l"(global));
 }
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
 // Until at most N of this thread's copy groups are pending (the older ones have landed).
@@ -29,7 +31,6 @@ __device__ __forceinline__ void wait_pending() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define ER_BULK_COPY 1
 #endif
-__device__ __forceinline__ unsigned smem_address(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 #if defined(ER_BULK_COPY)
 // A barrier of one arrival (the lane that asks for the bytes); then fence_barrier_init.
 __device__ __forceinline__ void barrier_init(uint64_t* bar) {
