@@ -41,9 +41,19 @@ __device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarr
 __device__ __forceinline__ void barrier_expect(uint64_t* bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void bulk_copy(void* smem, const void* global, unsigned bytes, uint64_t* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_address(smem)),
-                 "l"(global), "r"(bytes), "r"(smem_address(bar))
+// An L2 policy whose lines go first when L2 needs room: for weights streamed once a step, so that
+// they do not push out what the step reads again (the KV cache, activations, parameters).
+__device__ __forceinline__ uint64_t evict_first_policy() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+// [global, global + bytes) into shared memory, counted in by `bar`; the lines it reads kept in L2
+// by `policy` (createpolicy).
+__device__ __forceinline__ void bulk_copy(void* smem, const void* global, unsigned bytes, uint64_t* bar, uint64_t policy) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+                     smem_address(smem)),
+                 "l"(global), "r"(bytes), "r"(smem_address(bar)), "l"(policy)
                  : "memory");
 }
 // Until the barrier's phase of this parity has completed.
