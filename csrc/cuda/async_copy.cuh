@@ -1,5 +1,6 @@
 // Asynchronous global → shared copies (cp.async, sm_80+), shared by the kernels that stage raw
-// weight blocks through shared memory (the one-token GEMV, the tensor-core GEMM).
+// weight blocks through shared memory (the one-token GEMV, the tensor-core GEMM); Hopper's bulk
+// copies, and the L2 policies the streamed GEMV reads and writes with.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -67,6 +68,17 @@ __device__ __forceinline__ void barrier_wait(uint64_t* bar, unsigned parity) {
     } while (!done);
 }
 #endif
+
+// An L2 policy whose lines stay while others can go (sm_80+): for a streamed GEMV's outputs,
+// written while its weights pass through L2, and read by the next kernel. store_kept stores with it.
+__device__ __forceinline__ uint64_t evict_last_policy() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ void store_kept(float* p, float v, uint64_t policy) {
+    asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(p), "f"(v), "l"(policy) : "memory");
+}
 
 // Copy [begin, begin + bytes) into dst as 16-byte pieces from the 16-byte boundary at or below
 // begin (lanes `lane` of `lanes`); returns where begin landed.

@@ -588,6 +588,10 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
         stage_q8<kIn>(a, xs, n_units);
 
         int slot = 0;
+        // the rows' sums stored evict-last: written while the rest of the matrix still streams
+        // through L2, they stay there for the kernel after (1B Q8_0 +0.7 %, 1B Q4_0 +0.4 %, 8B Q4_0
+        // +0.1 %; thirtieth CUDA session)
+        const uint64_t kept = evict_last_policy();
         for (int64_t w = first; w < items; w += stride) {
             const uint8_t* row[kSlots];
             item_rows(w, row);
@@ -629,7 +633,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
             const float v0 = warp_sum(sum[0]), v1 = warp_sum(sum[1]);
             if (lane != 0) continue;
             if (gated) {
-                a.part[0].y[w] = gate_act(a.glu, v0) * v1;
+                store_kept(a.part[0].y + w, gate_act(a.glu, v0) * v1, kept);
                 continue;
             }
             const float v[kSlots] = {v0, v1};
@@ -639,7 +643,7 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
                 const int64_t r = 2 * w + s;
                 const float y = a.part[0].bias ? v[s] + a.part[0].bias[r] : v[s];
                 float* out = a.part[0].y + r;
-                *out = a.accumulate ? *out + y : y;
+                store_kept(out, a.accumulate ? *out + y : y, kept);
             }
         }
     }
