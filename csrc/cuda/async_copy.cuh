@@ -43,7 +43,7 @@ __device__ __forceinline__ void barrier_expect(uint64_t* bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes) : "memory");
 }
 // An L2 policy whose lines go first when L2 needs room: for weights streamed once a step, so that
-// they do not push out what the step reads again (the KV cache, activations, parameters).
+// they do not push out what the step reads again.
 __device__ __forceinline__ uint64_t evict_first_policy() {
     uint64_t p;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
@@ -70,7 +70,8 @@ __device__ __forceinline__ void barrier_wait(uint64_t* bar, unsigned parity) {
 #endif
 
 // An L2 policy whose lines stay while others can go (sm_80+): for a streamed GEMV's outputs,
-// written while its weights pass through L2, and read by the next kernel. store_kept stores with it.
+// written while its weights pass through L2, and read by the next kernel (the same buffers every
+// step: gate·up's output, the logits, at most a few hundred KB). store_kept stores with it.
 __device__ __forceinline__ uint64_t evict_last_policy() {
     uint64_t p;
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
