@@ -49,8 +49,8 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
     return p;
 }
-// [global, global + bytes) into shared memory, counted in by `bar`; the lines it reads kept in L2
-// by `policy` (createpolicy).
+// [global, global + bytes) into shared memory, counted in by `bar`; the L2 lines it reads get
+// `policy`'s eviction priority (createpolicy: evict_first_policy).
 __device__ __forceinline__ void bulk_copy(void* smem, const void* global, unsigned bytes, uint64_t* bar, uint64_t policy) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
                      smem_address(smem)),
