@@ -1102,6 +1102,24 @@ static void check_rows_aligned(TensorType type, const GemvArgs& a) {
                                    std::to_string(reinterpret_cast<uintptr_t>(a.part[p].w) % 16) + " bytes past one");
 }
 
+// A one-token GEMV reads its weights once (Launch::once): the span from its lowest part's rows to
+// the end of its highest's (the runner's weights are one allocation, so what lies between them is
+// weights too).
+static void mark_read_once(Launch& l, const GemvArgs& a, const GemvArgs* b = nullptr) {
+    if (a.n_tokens != 1) return;
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    for (const GemvArgs* g : {&a, b}) {
+        if (!g) continue;
+        for (int i = 0; i < g->n_parts; ++i) {
+            const auto p = reinterpret_cast<uintptr_t>(g->part[i].w);
+            lo = std::min(lo, p);
+            hi = std::max(hi, p + static_cast<uintptr_t>(g->part[i].rows) * g->row_bytes);
+        }
+    }
+    l.once = reinterpret_cast<const void*>(lo);
+    l.once_bytes = hi - lo;
+}
+
 Launch gemv_pair(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs& a2) {
     if (!gemv_pairs(t1, a1, t2, a2)) throw std::logic_error("these two GEMVs cannot run as one launch (gemv_pairs)");
     check_rows_aligned(t1, a1), check_rows_aligned(t2, a2);
@@ -1109,7 +1127,7 @@ Launch gemv_pair(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArg
         throw std::logic_error("this GEMV cannot fold an RMSNorm in (gemv_folds_norm)");
     if ((a1.norm.x == nullptr) != (a2.norm.x == nullptr) || a1.xq_ss != a2.xq_ss)
         throw std::logic_error("one launch: both GEMVs read the same input the same way");
-    return by_input(a1, [&](auto in) -> Launch {
+    Launch l = by_input(a1, [&](auto in) -> Launch {
         constexpr In kIn = decltype(in)::value;
 #define ER_PAIR(A, B)                                                                                            \
     if (t1 == TensorType::A && t2 == TensorType::B)                                                              \
@@ -1119,6 +1137,8 @@ Launch gemv_pair(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArg
 #undef ER_PAIR
         throw std::logic_error("gemv_pair");
     });
+    mark_read_once(l, a1, &a2);
+    return l;
 }
 
 bool gemv_folds_norm(TensorType type, const GemvArgs& a) {
@@ -1207,7 +1227,9 @@ Launch gemv(TensorType type, const GemvArgs& args) {
             throw std::logic_error("the tensor-core GEMM reads bf16 activations whose rows start on 16-byte boundaries");
         return gemm(type, args);
     }
-    return fn(args);
+    Launch l = fn(args);
+    mark_read_once(l, args);
+    return l;
 }
 
 namespace {
@@ -1415,16 +1437,42 @@ bool overlap_supported() {
 }
 
 void enqueue(const Launch& l, cudaStream_t stream, const void* table, bool overlap) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
+    // What a launch reads once (Launch::once) goes through L2 as streaming, first to be evicted:
+    // the 8B's one-token GEMVs pull 122 MB a layer through the 60 MiB L2 (H200), and what the
+    // step writes and reads again (outputs, norms' copies, the KV cache) should stay instead
+    // (bench/NOTES.md, thirty-first CUDA session: 1B Q4_0 +1.9 %, 8B +0.15–0.7 %). Windows are
+    // at most cudaDevAttrMaxAccessPolicyWindowSize long (a longer read is covered from its start).
+    // EDGERUNNER_CUDA_L2_WINDOW=0: none (for measurements).
+    static const size_t window_most = []() -> size_t {
+        const char* env = std::getenv("EDGERUNNER_CUDA_L2_WINDOW");
+        int device = 0, most = 0;
+        if ((env && std::string(env) == "0") || cudaGetDevice(&device) != cudaSuccess ||
+            cudaDeviceGetAttribute(&most, cudaDevAttrMaxAccessPolicyWindowSize, device) != cudaSuccess)
+            return 0;
+        return static_cast<size_t>(most);
+    }();
+    cudaLaunchAttribute attrs[2]{};
+    unsigned n_attrs = 0;
+    if (overlap) {
+        attrs[n_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attrs[n_attrs++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (window_most && l.once_bytes) {
+        cudaLaunchAttribute& w = attrs[n_attrs++];
+        w.id = cudaLaunchAttributeAccessPolicyWindow;
+        w.val.accessPolicyWindow.base_ptr = const_cast<void*>(l.once);
+        w.val.accessPolicyWindow.num_bytes = std::min(l.once_bytes, window_most);
+        w.val.accessPolicyWindow.hitRatio = 1.0f;
+        w.val.accessPolicyWindow.hitProp = cudaAccessPropertyStreaming;
+        w.val.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+    }
     cudaLaunchConfig_t config{};
     config.gridDim = l.grid;
     config.blockDim = l.block;
     config.dynamicSmemBytes = l.smem;
     config.stream = stream;
-    config.attrs = &attr;
-    config.numAttrs = overlap ? 1 : 0;
+    config.attrs = attrs;
+    config.numAttrs = n_attrs;
     void* param = table ? const_cast<void*>(static_cast<const void*>(&table)) : const_cast<unsigned char*>(l.args);
     ER_CUDA(cudaLaunchKernelExC(&config, table ? l.by_table : l.by_value, &param));
 }

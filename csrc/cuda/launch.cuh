@@ -114,6 +114,10 @@ struct Launch {
     dim3 grid, block;
     size_t smem = 0;  // dynamic shared memory, bytes
     size_t args_size = 0;
+    // bytes the launch reads once and no launch after it in the step (a one-token GEMV's
+    // weights): enqueue marks them streaming in L2 (an access-policy window)
+    const void* once = nullptr;
+    size_t once_bytes = 0;
     alignas(16) unsigned char args[kMaxArgs];
 };
 
