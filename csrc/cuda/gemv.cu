@@ -515,9 +515,11 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
         // slower (the deep rings alone: the 8B Q4_0 0.8 % slower, the 1B 2 % faster; twenty-ninth
         // CUDA session): they keep cp.async. The bulk copies read with an evict-first L2 policy, so
         // that gate·up's 66 MB a layer on the 8B go first when L2 needs room, before what the step
-        // reads again (the why is inferred, not traced): 8B Q4_0 +0.8–1.3 %, 1B Q4_0 +0.6–1.1 %
-        // (thirtieth CUDA session). (cp.async with such a policy: CUDA 13.0's ptxas builds GEMVs
-        // that die, twenty-eighth CUDA session.)
+        // reads again (the trace: the stream's readers got faster, and the stream itself): 8B Q4_0
+        // +0.8–1.3 %, 1B Q4_0 +0.6–1.1 % (thirtieth CUDA session). enqueue's access-policy window
+        // says the same of every one-token GEMV's weights, but only for a read's first 128 MiB: the
+        // LM head's rest needs the policy here. (cp.async with such a policy: CUDA 13.0's ptxas
+        // builds GEMVs that die, twenty-eighth CUDA session.)
         // bar: ring buffer i's barrier; bit i of `phases`: the parity of its next phase.
         constexpr bool kBulk = kPerLane == 2;
         [[maybe_unused]] uint64_t* bar = nullptr;
@@ -1439,7 +1441,7 @@ bool overlap_supported() {
 void enqueue(const Launch& l, cudaStream_t stream, const void* table, bool overlap) {
     // What a launch reads once (Launch::once) goes through L2 as streaming, first to be evicted:
     // the 8B's one-token GEMVs pull 122 MB a layer through the 60 MiB L2 (H200), and what the
-    // step writes and reads again (outputs, norms' copies, the KV cache) should stay instead
+    // step writes and reads again (the residual the norms read, outputs, the KV cache) should stay
     // (bench/NOTES.md, thirty-first CUDA session: 1B Q4_0 +1.9 %, 8B +0.15–0.7 %). Windows are
     // at most cudaDevAttrMaxAccessPolicyWindowSize long (a longer read is covered from its start).
     // EDGERUNNER_CUDA_L2_WINDOW=0: none (for measurements).
