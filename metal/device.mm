@@ -12,6 +12,7 @@
 #include <string>
 
 #include "context.h"
+#include "edgerunner/engine.h"
 
 namespace edgerunner::metal {
 namespace {
@@ -187,9 +188,12 @@ std::shared_ptr<DeviceKv> make_kv(const KVCache& layout) {
     // The same per-layer capacities and precision give the same slot layout (the host's copy
     // keeps the ring bookkeeping; the device needs offsets and capacities only).
     auto kv = std::make_shared<DeviceKv>(
-        DeviceKv{KVCache(layout.type, layout.layer_capacity, layout.capacity, layout.kv_dim / layout.head_dim, layout.head_dim, false), nil});
+        DeviceKv{KVCache(layout.type, layout.layer_capacity, layout.n_ctx, layout.kv_dim / layout.head_dim, layout.head_dim, false), nil});
     kv->buffer = [c.device newBufferWithLength:std::max<size_t>(layout.bytes(), 1) options:MTLResourceStorageModeShared];
-    if (!kv->buffer) throw std::runtime_error("Metal: out of memory for a " + std::to_string(layout.bytes() >> 20) + " MiB KV cache");
+    if (!kv->buffer) {  // (free: the working set the OS recommends, less what this process holds)
+        const uint64_t limit = c.device.recommendedMaxWorkingSetSize, held = c.device.currentAllocatedSize;
+        throw OutOfMemory(layout.too_big(limit > held ? limit - held : 0, "the GPU's working set (Metal)"));
+    }
     std::memset(kv->buffer.contents, 0, kv->buffer.length);
     return kv;
 }

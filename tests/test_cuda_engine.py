@@ -8,7 +8,7 @@ import pytest
 
 from edgerunner import _core
 from reference_forward import ReferenceModel
-from test_engine import FAST_TOLERANCE, IDS, prompt, tiny_models  # noqa: F401 (fixture)
+from test_engine import FAST_TOLERANCE, IDS, check_kv_too_big, prompt, tiny_models  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(not _core.cuda_available(), reason=_core.cuda_device())
 
@@ -140,6 +140,62 @@ def test_cuda_refuses_what_it_cannot_run(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGERUNNER_CUDA_SKIP", "attention,nrom")  # (a measurement knob, read at load)
     with pytest.raises(ValueError, match="EDGERUNNER_CUDA_SKIP: unknown part 'nrom'; the parts are embed, norm, quantize"):
         _core.Session(_core.Model.load(str(path), backend="cuda"))
+
+
+def test_cuda_kv_cache_that_does_not_fit_says_which_would(tmp_path):
+    """A KV cache beyond the GPU's free memory: OutOfMemoryError naming the GPU, its free memory
+    and an n_ctx that fits, before anything is allocated; the device stays usable: a small
+    context on the same file then matches the CPU backend."""
+    from edgerunner import OutOfMemoryError
+    from edgerunner.model_builder import write_random_model
+
+    path = tmp_path / "q.gguf"
+    write_random_model(path, arch="qwen3", preset="tiny", seed=1)  # 2 layers, K and V of 256 f16 values
+    big = 2**31 - 1
+    with pytest.raises(OutOfMemoryError) as e:
+        _core.Session(_core.Model.load(str(path), backend="cuda", n_ctx=big))
+    print(e.value)
+    check_kv_too_big(str(e.value), r"GPU \d+ \([^)]+\)", big, "f16", 2, 2 * 2 * 512,
+                     hint=", or with kv_type='q8_0' (about half the bytes of f16)")
+    model = _core.Model.load(str(path), backend="cuda", n_ctx=64)
+    cpu = _core.Model.load(str(path), backend="cpu", n_ctx=64)
+    ids = prompt(np.random.default_rng(2), 8)
+    got, want = _core.Session(model).eval_all(ids), _core.Session(cpu).eval_all(ids)
+    assert np.abs(got - want).max() <= FAST_TOLERANCE * np.abs(want).max()
+
+
+def test_cuda_weights_that_do_not_fit_say_so(tmp_path):
+    """With all but 8 MiB of the GPU held by another allocation (the CUDA runtime through ctypes),
+    loading a 37 MiB model fails with OutOfMemoryError naming the weights, their size, the GPU's
+    free memory and the fix; once that memory is freed the same load runs."""
+    import ctypes
+    import glob
+
+    from edgerunner import OutOfMemoryError
+    from edgerunner.model_builder import write_random_model
+
+    libs = sorted(glob.glob("/usr/local/cuda*/lib64/libcudart.so*") + glob.glob("/usr/local/cuda*/targets/*/lib/libcudart.so*"))
+    if not libs:
+        pytest.skip("no libcudart.so to hold GPU memory with")
+    rt = ctypes.CDLL(libs[0])
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="smollm2-135m", tensor_type="Q8_0", seed=1, n_layers=2)
+    free, total, held = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_void_p()
+    assert rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) == 0
+    assert rt.cudaMalloc(ctypes.byref(held), ctypes.c_size_t(free.value - (8 << 20))) == 0
+    try:
+        with pytest.raises(OutOfMemoryError, match=r"^CUDA: out of GPU memory for the model's weights \([\d.]+ MiB\); "
+                                                   r"GPU \d+ \([^)]+\): [\d.]+ MiB free\. Use a smaller quantization of "
+                                                   r"the model, or backend='cpu'\.$") as e:
+            _core.Model.load(str(path), backend="cuda")
+        print(e.value)
+    finally:
+        assert rt.cudaFree(held) == 0
+    cpu = _core.Model.load(str(path), backend="cpu", n_ctx=64)
+    ids = prompt(np.random.default_rng(2), 8, cpu.config["n_vocab"])
+    got = _core.Session(_core.Model.load(str(path), backend="cuda", n_ctx=64)).eval_all(ids)
+    want = _core.Session(cpu).eval_all(ids)
+    assert np.abs(got - want).max() <= FAST_TOLERANCE * np.abs(want).max()
 
 
 def assert_matches_cpu(gpu, cpu, ids, rel, steps=8, label=""):

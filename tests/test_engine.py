@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from edgerunner import ContextLengthError, Model, _core
+from edgerunner import ContextLengthError, Model, OutOfMemoryError, _core
 from edgerunner.model_builder import write_random_model
 from reference_forward import ReferenceModel
 
@@ -169,6 +169,61 @@ def test_context_and_token_errors(tmp_path):
         _core.Model.load(str(path), backend="cpu", kv_type="q4")
     with pytest.raises(ValueError, match="q8_0 needs a head size that is a multiple of 32"):
         _core.Model.load(str(path), backend="cpu", kv_type="q8_0")  # head size 16
+
+
+KV_TOO_BIG = (r"the KV cache for n_ctx=(\d+) needs ([\d.]+) GiB \((\w+), (\d+) layers, (\d+) bytes a token\); "
+              r"{where}: ([\d.]+) GiB free\. Load the model with n_ctx=(\d+) or less{hint}\.$")
+
+
+def check_kv_too_big(message, where, n_ctx, kv_type, n_layer, per_token, fixed=0, hint=""):
+    """The KV cache's out-of-memory message: its figures are the cache's (per_token bytes a token
+    of context, `fixed` bytes for windowed layers), and the n_ctx it offers fits in what it says is
+    free (its GiB are rounded to 0.1)."""
+    import re
+
+    m = re.match(KV_TOO_BIG.format(where=where, hint=re.escape(hint)), message)
+    assert m, message
+    assert (int(m[1]), m[3], int(m[4]), int(m[5])) == (n_ctx, kv_type, n_layer, per_token)
+    assert abs(float(m[2]) * 2**30 - (n_ctx * per_token + fixed)) <= 0.05 * 2**30
+    free, offered = float(m[6]) * 2**30, int(m[7])
+    assert 0 < offered < n_ctx and offered % 256 == 0
+    assert fixed + offered * per_token <= free + 0.05 * 2**30 < fixed + (offered + 256) * per_token + 0.1 * 2**30
+
+
+def test_a_context_that_does_not_fit_says_which_would(tmp_path):
+    """n_ctx beyond host memory: OutOfMemoryError (a MemoryError) at the session, before anything
+    is allocated, naming the cache's size, the free memory and an n_ctx that fits; the load of the
+    Python API fails with it too (its warm-up opens the session). Past int32 positions: refused."""
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", seed=1)  # 2 layers, K and V of 32 f16 values
+    big = 2**31 - 1
+    with pytest.raises(OutOfMemoryError) as e:
+        _core.Session(_core.Model.load(str(path), backend="cpu", n_ctx=big))
+    assert isinstance(e.value, MemoryError)
+    check_kv_too_big(str(e.value), r"host memory \(available\)", big, "f16", 2, 2 * 2 * 64)  # (head size 16: no q8_0)
+    events = []
+    with pytest.raises(OutOfMemoryError, match=f"n_ctx={big} needs"):
+        Model.load(path, n_ctx=big, on_event=events.append)
+    assert events[-1].stage.value == "failed" and isinstance(events[-1].error, OutOfMemoryError)
+    with pytest.raises(ValueError, match=f"n_ctx={big + 1} is more positions than the engine addresses \\(at most {big}\\)"):
+        _core.Model.load(str(path), n_ctx=big + 1)
+
+    q = tmp_path / "q.gguf"  # head size 128: q8_0 is offered; f32 (precise) caches twice f16's bytes
+    write_random_model(q, arch="qwen3", preset="tiny", seed=1)
+    with pytest.raises(OutOfMemoryError) as e:
+        _core.Session(_core.Model.load(str(q), backend="cpu", n_ctx=big))
+    check_kv_too_big(str(e.value), r"host memory \(available\)", big, "f16", 2, 2 * 2 * 512,
+                     hint=", or with kv_type='q8_0' (about half the bytes of f16)")
+    g = tmp_path / "g.gguf"  # Gemma 3: the local layers' rings (window 8 + chunk 4) do not grow with n_ctx
+    write_random_model(g, arch="gemma3", preset="tiny", seed=1)
+    model = _core.Model.load(str(g), backend="cpu", n_ctx=big, prefill_chunk=4)
+    layers = model.config["n_layer"]
+    local = sum(1 for i in range(layers) if (i + 1) % 6 != 0)  # every sixth layer global
+    row = 2 * model.config["n_head_kv"] * model.config["head_dim"]
+    with pytest.raises(OutOfMemoryError) as e:
+        _core.Session(model)
+    check_kv_too_big(str(e.value), r"host memory \(available\)", big, "f16", layers, 2 * row * (layers - local),
+                     fixed=local * 2 * 12 * row, hint=", or with kv_type='q8_0' (about half the bytes of f16)")
 
 
 def test_unsupported_architecture_and_type(tmp_path):

@@ -13,6 +13,7 @@
 namespace edgerunner {
 
 enum class KvType { F32, F16, Q8_0 };
+size_t available_host_memory();  // bytes the OS can give without swapping (Linux: MemAvailable)
 KvType parse_kv_type(const std::string& name);  // "f32", "f16", "q8_0"; throws otherwise
 const char* kv_type_name(KvType t);
 
@@ -20,6 +21,7 @@ struct KVCache {
     KvType type = KvType::F16;
     int64_t n_layer = 0;
     int64_t capacity = 0;   // slots of the largest layer
+    int64_t n_ctx = 0;      // the context it serves (a windowed layer's capacity may be less)
     int64_t kv_dim = 0;     // n_head_kv * head_dim
     int64_t head_dim = 0;
     bool circular = false;  // some layer's positions may exceed its capacity (sliding window)
@@ -38,6 +40,10 @@ struct KVCache {
     size_t bytes() const { return layer_offset.empty() ? 0 : layer_offset.back(); }
     int64_t capacity_of(int64_t layer) const { return layer_capacity[static_cast<size_t>(layer)]; }
     bool uniform() const;  // every layer the same capacity
+    // Throws OutOfMemory unless bytes() fit in `free` bytes of `where` (e.g. "host memory"),
+    // naming n_ctx, the precision, the bytes and the n_ctx that would fit.
+    void check_fits(size_t free, const std::string& where) const;
+    std::string too_big(size_t free, const std::string& where) const;  // that message
     uint8_t* k(int64_t layer, int64_t pos) { return slot(layer, 0, pos); }
     uint8_t* v(int64_t layer, int64_t pos) { return slot(layer, 1, pos); }
 

@@ -1,6 +1,7 @@
 // Model loading and the session: which tokens the KV cache holds and which inference mode
 // (cached / decode / extend / reset) a new token list needs.
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <thread>
@@ -86,6 +87,9 @@ int64_t Model::n_ctx() const { return impl_->n_ctx; }
 
 std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& options) {
     if (options.n_ctx < 0) throw std::invalid_argument("n_ctx must be positive (or 0 for the model's default)");
+    if (options.n_ctx > std::numeric_limits<int32_t>::max())
+        throw std::invalid_argument("n_ctx=" + std::to_string(options.n_ctx) + " is more positions than the engine addresses (at most " +
+                                    std::to_string(std::numeric_limits<int32_t>::max()) + ")");
     if (options.prefill_chunk < 1) throw std::invalid_argument("prefill_chunk must be at least 1");
     if (options.n_threads < 0) throw std::invalid_argument("n_threads must be positive (or 0 for all cores)");
     if (options.dispatch != "auto" && options.dispatch != "eager" && options.dispatch != "argument_buffers" && options.dispatch != "recorded")

@@ -986,17 +986,6 @@ LaunchFn launcher(TensorType type) {
     }
 }
 
-// Device memory owned by a unique_ptr.
-struct Free {
-    void operator()(void* p) const noexcept { cudaFree(p); }
-};
-template <typename T>
-std::unique_ptr<T, Free> device_alloc(size_t count) {
-    void* p = nullptr;
-    ER_CUDA(cudaMalloc(&p, count * sizeof(T) + (count == 0)));
-    return std::unique_ptr<T, Free>(static_cast<T*>(p));
-}
-
 // One warp per 32-value block.
 struct Quantize {
     using Args = QuantizeArgs;

@@ -37,19 +37,6 @@
 namespace edgerunner::cuda {
 namespace {
 
-struct Free {
-    void operator()(void* p) const noexcept { cudaFree(p); }
-};
-template <typename T>
-using DevicePtr = std::unique_ptr<T, Free>;
-
-template <typename T>
-DevicePtr<T> device_alloc(size_t count) {
-    void* p = nullptr;
-    ER_CUDA(cudaMalloc(&p, count * sizeof(T) + (count == 0)));
-    return DevicePtr<T>(static_cast<T*>(p));
-}
-
 struct FreeHost {
     void operator()(void* p) const noexcept { cudaFreeHost(p); }
 };
@@ -90,8 +77,10 @@ std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans) {
                     total += round_up(device_bytes(*w), 256);
                     if (device_bytes(*w) != weight_bytes(*w)) landing = std::max(landing, weight_bytes(*w));
                 }
-    m->memory = device_alloc<uint8_t>(total + 256);  // kernels may read a few bytes past a row (four-byte loads of 2-byte aligned blocks)
-    auto land = device_alloc<uint8_t>(landing);
+    // (kernels may read a few bytes past a row: four-byte loads of 2-byte aligned blocks)
+    constexpr const char* kSmaller = "Use a smaller quantization of the model, or backend='cpu'";
+    m->memory = device_alloc<uint8_t>(total + 256, "the model's weights", kSmaller);
+    auto land = device_alloc<uint8_t>(landing, "the weights' landing buffer", kSmaller);
     constexpr size_t kChunk = 32u << 20;
     auto staging = pinned_alloc<uint8_t>(2 * kChunk);
     cudaStream_t stream = nullptr;
@@ -147,7 +136,8 @@ std::shared_ptr<DeviceKv> make_kv(const KVCache& layout) {
         kv->capacity.push_back(layout.capacity_of(l));
         kv->offset.push_back(layout.layer_offset[static_cast<size_t>(l)]);
     }
-    kv->memory = device_alloc<uint8_t>(layout.bytes());
+    layout.check_fits(gpu_free_bytes(), current_gpu());
+    kv->memory = device_alloc<uint8_t>(layout.bytes(), "the KV cache", "Load the model with a smaller n_ctx or kv_type='q8_0'");
     ER_CUDA(cudaMemset(kv->memory.get(), 0, layout.bytes()));
     return kv;
 }

@@ -78,6 +78,9 @@ void bind_engine(nb::module_& m) {
         } catch (const std::length_error& e) {
             nb::object cls = nb::module_::import_("edgerunner.errors").attr("ContextLengthError");
             PyErr_SetString(cls.ptr(), e.what());
+        } catch (const OutOfMemory& e) {
+            nb::object cls = nb::module_::import_("edgerunner.errors").attr("OutOfMemoryError");
+            PyErr_SetString(cls.ptr(), e.what());
         }
     });
 

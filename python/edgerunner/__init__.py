@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgerunner.errors import ContextLengthError, GGUFError, IntegrityError, ModelFetchError, ModelNotFoundError
+from edgerunner.errors import (ContextLengthError, GGUFError, IntegrityError, ModelFetchError, ModelNotFoundError,
+                               OutOfMemoryError)
 from edgerunner.events import LoadEvent, Stage
 
 __version__ = "0.1.0"
 __all__ = ["Model", "Generator", "load_events", "LoadEvent", "Stage", "GGUFError", "ContextLengthError",
-           "ModelFetchError", "ModelNotFoundError", "IntegrityError", "TokenizerError", "ChatTemplateError",
+           "OutOfMemoryError", "ModelFetchError", "ModelNotFoundError", "IntegrityError", "TokenizerError", "ChatTemplateError",
            "__version__"]
 
 

@@ -9,7 +9,7 @@ import pathlib
 import sys
 from typing import Any, Sequence
 
-from edgerunner.errors import GGUFError, ModelFetchError
+from edgerunner.errors import GGUFError, ModelFetchError, OutOfMemoryError
 from edgerunner.events import EventSink, LoadEvent, Stage
 
 
@@ -315,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader (e.g. `| head`) stopped reading: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except (GGUFError, OSError, ValueError, ModelFetchError) as e:
+    except (GGUFError, OSError, ValueError, ModelFetchError, OutOfMemoryError) as e:
         print(f"edgerunner: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

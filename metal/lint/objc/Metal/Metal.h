@@ -113,6 +113,7 @@ typedef void (^MTLCommandBufferHandler)(id<MTLCommandBuffer>);
 @property(readonly) NSString* name;
 @property(readonly) NSUInteger maxBufferLength;
 @property(readonly) uint64_t recommendedMaxWorkingSetSize;
+@property(readonly) NSUInteger currentAllocatedSize;
 - (BOOL)supportsFamily:(MTLGPUFamily)family;
 - (id<MTLCommandQueue>)newCommandQueue;
 - (id<MTLLibrary>)newLibraryWithURL:(NSURL*)url error:(NSError**)error;
