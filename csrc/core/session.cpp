@@ -59,7 +59,7 @@ std::string resolve_backend(const LoadOptions& o) {
     [[maybe_unused]] const char* cpu_only = "precise mode runs on the CPU backend only; drop precise or use backend='cpu'";
     if (b == "cuda") {
 #if defined(ER_HAVE_CUDA)
-        if (!cuda_ok) throw std::invalid_argument("backend 'cuda': " + cuda::describe());
+        if (!cuda_ok) throw std::invalid_argument("backend 'cuda': " + cuda::describe() + "; use backend='cpu' (or 'auto')");
         if (o.precise) throw std::invalid_argument(cpu_only);
         return b;
 #else

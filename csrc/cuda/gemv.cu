@@ -1408,8 +1408,11 @@ bool available() {
 std::string describe() {
     int count = 0;
     const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status == cudaErrorInsufficientDriver)  // (also where no NVIDIA driver is installed at all)
+        return "no usable CUDA driver (none is installed, or it is older than this build's CUDA " + std::to_string(CUDART_VERSION / 1000) +
+               "." + std::to_string(CUDART_VERSION % 1000 / 10) + " runtime needs)";
+    if (status == cudaErrorNoDevice || (status == cudaSuccess && count == 0)) return "no CUDA device";
     if (status != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(status);
-    if (count == 0) return "no CUDA device";
     cudaDeviceProp p{};
     ER_CUDA(cudaGetDeviceProperties(&p, 0));
     return std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
