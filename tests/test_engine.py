@@ -201,6 +201,10 @@ def test_a_context_that_does_not_fit_says_which_would(tmp_path):
         _core.Session(_core.Model.load(str(path), backend="cpu", n_ctx=big))
     assert isinstance(e.value, MemoryError)
     check_kv_too_big(str(e.value), r"host memory \(available\)", big, "f16", 2, 2 * 2 * 64)  # (head size 16: no q8_0)
+    with pytest.raises(OutOfMemoryError) as e:  # precise: an f32 cache
+        _core.Session(_core.Model.load(str(path), backend="cpu", n_ctx=big, precise=True))
+    check_kv_too_big(str(e.value), r"host memory \(available\)", big, "f32", 2, 2 * 2 * 128,
+                     hint=", or with kv_type='f16' and without precise=True (half the bytes)")
     events = []
     with pytest.raises(OutOfMemoryError, match=f"n_ctx={big} needs"):
         Model.load(path, n_ctx=big, on_event=events.append)

@@ -86,7 +86,7 @@ void KVCache::layout(bool host_storage) {
     if (!host_storage) return;  // a device backend keeps the slots in its own memory
     const std::string where = "host memory (available)";
     const size_t free = available_host_memory();
-    check_fits(free, where);
+    if (bytes() > free) throw OutOfMemory(too_big(free, where));
     try {
         storage.reset(new uint8_t[bytes()]);
     } catch (const std::bad_alloc&) {
@@ -103,10 +103,6 @@ std::string size_text(size_t bytes) {
     return buf;
 }
 }  // namespace
-
-void KVCache::check_fits(size_t free, const std::string& where) const {
-    if (bytes() > free) throw OutOfMemory(too_big(free, where));
-}
 
 std::string KVCache::too_big(size_t free, const std::string& where) const {
     // Layers that hold the whole context grow by a slot's K and V per token; windowed ones are fixed.
@@ -125,8 +121,8 @@ std::string KVCache::too_big(size_t free, const std::string& where) const {
     } else {
         m += "Even a short context does not fit: free memory first";
     }
-    if (type != KvType::Q8_0 && head_dim % QK8_0 == 0) m += ", or with kv_type='q8_0' (about half the bytes of f16)";
-    else if (type == KvType::F32) m += ", or with kv_type='f16' (half the bytes)";
+    if (type == KvType::F32) m += ", or with kv_type='f16' and without precise=True (half the bytes)";
+    else if (type == KvType::F16 && head_dim % QK8_0 == 0) m += ", or with kv_type='q8_0' (about half the bytes of f16)";
     return m + ".";
 }
 

@@ -40,10 +40,10 @@ struct KVCache {
     size_t bytes() const { return layer_offset.empty() ? 0 : layer_offset.back(); }
     int64_t capacity_of(int64_t layer) const { return layer_capacity[static_cast<size_t>(layer)]; }
     bool uniform() const;  // every layer the same capacity
-    // Throws OutOfMemory unless bytes() fit in `free` bytes of `where` (e.g. "host memory"),
-    // naming n_ctx, the precision, the bytes and the n_ctx that would fit.
-    void check_fits(size_t free, const std::string& where) const;
-    std::string too_big(size_t free, const std::string& where) const;  // that message
+    // OutOfMemory's message where bytes() exceed the `free` bytes of `where` (e.g. "host memory
+    // (available)"): n_ctx, the precision, the bytes and the n_ctx that would fit. The host
+    // storage is checked so before it is allocated, a device backend's cache likewise.
+    std::string too_big(size_t free, const std::string& where) const;
     uint8_t* k(int64_t layer, int64_t pos) { return slot(layer, 0, pos); }
     uint8_t* v(int64_t layer, int64_t pos) { return slot(layer, 1, pos); }
 

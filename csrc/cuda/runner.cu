@@ -136,7 +136,7 @@ std::shared_ptr<DeviceKv> make_kv(const KVCache& layout) {
         kv->capacity.push_back(layout.capacity_of(l));
         kv->offset.push_back(layout.layer_offset[static_cast<size_t>(l)]);
     }
-    if (const size_t free = gpu_free_bytes()) layout.check_fits(free, current_gpu());
+    if (const size_t free = gpu_free_bytes(); free && layout.bytes() > free) throw OutOfMemory(layout.too_big(free, current_gpu()));
     kv->memory = device_alloc<uint8_t>(layout.bytes(), "the KV cache", "Load the model with a smaller n_ctx or kv_type='q8_0'");
     ER_CUDA(cudaMemset(kv->memory.get(), 0, layout.bytes()));
     return kv;
