@@ -212,7 +212,7 @@ def test_a_context_that_does_not_fit_says_which_would(tmp_path):
     with pytest.raises(ValueError, match=f"n_ctx={big + 1} is more positions than the engine addresses \\(at most {big}\\)"):
         _core.Model.load(str(path), n_ctx=big + 1)
 
-    q = tmp_path / "q.gguf"  # head size 128: q8_0 is offered; f32 (precise) caches twice f16's bytes
+    q = tmp_path / "q.gguf"  # head size 128: q8_0 is offered
     write_random_model(q, arch="qwen3", preset="tiny", seed=1)
     with pytest.raises(OutOfMemoryError) as e:
         _core.Session(_core.Model.load(str(q), backend="cpu", n_ctx=big))

@@ -21,8 +21,8 @@ from edgerunner.events import LoadEvent, Stage
 
 __version__ = "0.1.0"
 __all__ = ["Model", "Generator", "load_events", "LoadEvent", "Stage", "GGUFError", "ContextLengthError",
-           "OutOfMemoryError", "ModelFetchError", "ModelNotFoundError", "IntegrityError", "TokenizerError", "ChatTemplateError",
-           "__version__"]
+           "OutOfMemoryError", "ModelFetchError", "ModelNotFoundError", "IntegrityError", "TokenizerError",
+           "ChatTemplateError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
