@@ -190,10 +190,22 @@ def check_kv_too_big(message, where, n_ctx, kv_type, n_layer, per_token, fixed=0
     assert fixed + offered * per_token <= free + 0.05 * 2**30 < fixed + (offered + 256) * per_token + 0.1 * 2**30
 
 
+def available_memory():
+    """MemAvailable (Linux), as the engine reads it; None elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return None
+
+
 def test_a_context_that_does_not_fit_says_which_would(tmp_path):
     """n_ctx beyond host memory: OutOfMemoryError (a MemoryError) at the session, before anything
     is allocated, naming the cache's size, the free memory and an n_ctx that fits; the load of the
     Python API fails with it too (its warm-up opens the session). Past int32 positions: refused."""
+    free = available_memory()
+    if free is None or free > 2**38:  # (the smallest cache below takes 512 GiB)
+        pytest.skip("needs Linux and less than 256 GiB of available memory")
     path = tmp_path / "m.gguf"
     write_random_model(path, arch="llama", preset="tiny", seed=1)  # 2 layers, K and V of 32 f16 values
     big = 2**31 - 1
