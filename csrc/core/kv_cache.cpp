@@ -95,14 +95,12 @@ void KVCache::layout(bool host_storage) {
     std::memset(storage.get(), 0, bytes());
 }
 
-namespace {
 std::string size_text(size_t bytes) {
     char buf[32];
     if (bytes >= (size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / (1 << 30));
     else std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
     return buf;
 }
-}  // namespace
 
 std::string KVCache::too_big(size_t free, const std::string& where) const {
     // Layers that hold the whole context grow by a slot's K and V per token; windowed ones are fixed.
@@ -115,7 +113,9 @@ std::string KVCache::too_big(size_t free, const std::string& where) const {
                      kv_type_name(type) + ", " + std::to_string(n_layer) + " layers, " + std::to_string(per_token) +
                      " bytes a token); " + where + ": " + size_text(free) + " free. ";
     const int64_t fit = per_token && free > fixed ? static_cast<int64_t>((free - fixed) / per_token) : 0;
-    if (fit > 0) {
+    if (fit >= n_ctx) {  // (free enough, the allocation failed all the same)
+        m += "The allocation failed all the same: load the model with a smaller n_ctx";
+    } else if (fit > 0) {
         // (rounded down to a multiple of 256 where that leaves some, so the figure reads as one)
         m += "Load the model with n_ctx=" + std::to_string(fit >= 512 ? fit / 256 * 256 : fit) + " or less";
     } else {

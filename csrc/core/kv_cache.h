@@ -14,6 +14,7 @@ namespace edgerunner {
 
 enum class KvType { F32, F16, Q8_0 };
 size_t available_host_memory();  // bytes the OS can give without swapping (Linux: MemAvailable)
+std::string size_text(size_t bytes);  // "42.5 MiB", "1.5 GiB": sizes in messages
 KvType parse_kv_type(const std::string& name);  // "f32", "f16", "q8_0"; throws otherwise
 const char* kv_type_name(KvType t);
 

@@ -4,11 +4,11 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdio>
 #include <memory>
 #include <stdexcept>
 #include <string>
 
+#include "../core/kv_cache.h"
 #include "edgerunner/engine.h"
 
 namespace edgerunner::cuda {
@@ -48,11 +48,8 @@ DevicePtr<T> device_alloc(size_t count, const char* what = "a session's scratch 
     const cudaError_t status = cudaMalloc(&p, bytes);
     if (status == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();  // (not sticky: the context stays usable)
-        char need[32], free[32];
-        std::snprintf(need, sizeof need, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-        std::snprintf(free, sizeof free, "%.1f MiB", static_cast<double>(gpu_free_bytes()) / (1 << 20));
-        throw OutOfMemory(std::string("CUDA: out of GPU memory for ") + what + " (" + need + "); " + current_gpu() + ": " + free +
-                          " free. " + fix + ".");
+        throw OutOfMemory(std::string("CUDA: out of GPU memory for ") + what + " (" + size_text(bytes) + "); " + current_gpu() +
+                          ": " + size_text(gpu_free_bytes()) + " free. " + fix + ".");
     }
     check(status, "cudaMalloc", __FILE__, __LINE__);
     return DevicePtr<T>(static_cast<T*>(p));
