@@ -1,7 +1,7 @@
 """End-to-end benchmark, like llama-bench: prefill of N tokens (pp) and decode of M tokens (tg).
 
     python -m bench MODEL [MODEL ...] [--threads 2] [--pp 512] [--tg 128] [--depth 0] [--reps 5]
-                    [--backend cpu|cuda|metal] [--dispatch eager,argument_buffers,recorded]
+                    [--backend cpu|cuda|cuda:N|metal] [--dispatch eager,argument_buffers,recorded]
                     [--peer PATH/llama-bench] [--json out.json]
 
 MODEL is a .gguf path or a built-in name. Each figure is the mean ± standard deviation over
@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -105,8 +106,9 @@ def bench_peer(peer: str, path: str, args: argparse.Namespace) -> dict[str, Any]
            "-r", str(args.reps), "-o", "json"]
     if args.depth:
         cmd += ["-d", str(args.depth)]
-    if args.backend == "cuda":
-        cmd += ["-ngl", "99", "-fa", "1"]  # all layers on the GPU, flash attention on
+    if args.backend.startswith("cuda"):
+        # all layers on our GPU alone (not split over the machine's GPUs), flash attention on
+        cmd += ["-ngl", "99", "-sm", "none", "-mg", "0" if args.backend == "cuda" else args.backend[5:], "-fa", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     result: dict[str, Any] = {"command": " ".join(cmd)}
     for row in json.loads(out):
@@ -133,17 +135,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--depth", type=int, default=0,
                    help="tokens already in the context when pp and tg start (llama-bench's -d); the roofline counts weights only")
     p.add_argument("--kv-type", default="f16")
-    p.add_argument("--backend", default="cpu", choices=["cpu", "cuda", "metal"])
+    p.add_argument("--backend", default="cpu", help="cpu, cuda, cuda:N (CUDA device N) or metal")
     p.add_argument("--dispatch", default="recorded", help="GPU dispatch modes, comma-separated: eager, argument_buffers, recorded")
     p.add_argument("--peer", help="llama.cpp's llama-bench binary, run on the same files")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
 
-    if args.backend == "cuda":
-        if not _core.cuda_available():
-            p.error(f"--backend cuda: {_core.cuda_device()}")
-        bandwidth = _core.cuda_copy_bandwidth(1 << 31, 5)
-        machine = _core.cuda_device()
+    cuda_gpu = 0 if args.backend == "cuda" else int(args.backend[5:]) if re.fullmatch(r"cuda:[0-9]{1,6}", args.backend) else None
+    if args.backend not in ("cpu", "metal") and cuda_gpu is None:
+        p.error(f"unknown backend {args.backend!r}: choose cpu, cuda, cuda:N or metal")
+    if cuda_gpu is not None:
+        if not _core.cuda_available() or cuda_gpu >= _core.cuda_device_count():
+            p.error(f"--backend {args.backend}: {_core.cuda_device(cuda_gpu)}")
+        bandwidth = _core.cuda_copy_bandwidth(1 << 31, 5, cuda_gpu)
+        machine = _core.cuda_device(cuda_gpu)
         print(f"{machine}: copy bandwidth {bandwidth:.0f} GB/s\n")
     elif args.backend == "metal":
         if not _core.metal_available():
@@ -155,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         bandwidth = _core.read_bandwidth(1 << 30, args.threads, 5)
         machine = platform.processor() or platform.machine()
         print(f"read bandwidth ({args.threads} threads): {bandwidth:.1f} GB/s; kernels: {_core.cpu_isa()}\n")
-    gpu = args.backend in ("cuda", "metal")
+    gpu = args.backend != "cpu"
     dispatches = args.dispatch.split(",") if gpu else ["auto"]
     report: dict[str, Any] = {"machine": machine, "backend": args.backend, "threads": args.threads,
                               "read_bandwidth_gbs": bandwidth, "pp": args.pp, "tg": args.tg, "depth": args.depth, "models": []}

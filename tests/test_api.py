@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -69,17 +70,22 @@ def test_errors_name_the_problem(tmp_path):
         model.generate(list(range(40)))
     with pytest.raises(ValueError, match="temperature"):
         model.generate("hi", temperature=-1)
+    assert model.backend == model.device == "cpu" and "device=cpu" in repr(model)
     if not edgerunner._core.cuda_available():
-        with pytest.raises(ValueError, match="backend 'cuda': (this build has no CUDA backend .rebuild with|no usable CUDA "
-                                             "driver .none is installed|no CUDA device)"):
-            Model.load(path, backend="cuda")
+        for backend in ("cuda", "cuda:1"):
+            with pytest.raises(ValueError, match=f"backend '{backend}': (this build has no CUDA backend .rebuild with|no usable "
+                                                 "CUDA driver .none is installed|no CUDA device)"):
+                Model.load(path, backend=backend)
     if not edgerunner._core.metal_available():
         with pytest.raises(ValueError, match="backend 'metal': "):
             Model.load(path, backend="metal")
     with pytest.raises(ValueError, match="unknown dispatch mode 'graph'"):
         Model.load(path, dispatch="graph")
-    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
-        Model.load(path, backend="tpu")
+    for backend in ("tpu", "cuda:", "cuda:-1", "cuda:1a", "cuda:1234567", "CUDA", "cuda: 1"):
+        with pytest.raises(ValueError, match=f"unknown backend '{re.escape(backend)}'; choose auto, cpu, cuda, cuda:N .CUDA device N. or metal"):
+            Model.load(path, backend=backend)
+        with pytest.raises(ValueError, match=f"unknown backend '{re.escape(backend)}'; choose cpu, cuda, cuda:N .CUDA device N., metal or auto"):
+            edgerunner._core.Model.load(str(path), backend=backend)
     with pytest.raises(ValueError, match="has no .role."):
         model.chat([{"content": "no role"}])
 
@@ -121,6 +127,8 @@ def test_cli_errors(tmp_path):
         assert "Load the model with n_ctx=" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("run", "a", "b", "c")
     assert r.returncode != 0 and "at most a model and one prompt" in r.stderr
+    r = run_cli("run", "a", "--backend", "cuda:x")
+    assert r.returncode == 2 and "unknown backend 'cuda:x': choose auto, cpu, cuda, cuda:N (CUDA device N) or metal" in r.stderr
     r = run_cli()
     assert r.returncode == 2 and "run" in r.stdout
 

@@ -164,20 +164,27 @@ def test_cuda_kv_cache_that_does_not_fit_says_which_would(tmp_path):
     assert np.abs(got - want).max() <= FAST_TOLERANCE * np.abs(want).max()
 
 
+def cuda_runtime():
+    """The CUDA runtime through ctypes (another user of the GPU, beside the engine), or skip."""
+    import ctypes
+    import glob
+
+    libs = sorted(glob.glob("/usr/local/cuda*/lib64/libcudart.so*") + glob.glob("/usr/local/cuda*/targets/*/lib/libcudart.so*"))
+    if not libs:
+        pytest.skip("no libcudart.so to reach the GPU with")
+    return ctypes.CDLL(libs[0])
+
+
 def test_cuda_weights_that_do_not_fit_say_so(tmp_path):
     """With all but 8 MiB of the GPU held by another allocation (the CUDA runtime through ctypes),
     loading a 37 MiB model fails with OutOfMemoryError naming the weights, their size, the GPU's
     free memory and the fix; once that memory is freed the same load runs."""
     import ctypes
-    import glob
 
     from edgerunner import OutOfMemoryError
     from edgerunner.model_builder import write_random_model
 
-    libs = sorted(glob.glob("/usr/local/cuda*/lib64/libcudart.so*") + glob.glob("/usr/local/cuda*/targets/*/lib/libcudart.so*"))
-    if not libs:
-        pytest.skip("no libcudart.so to hold GPU memory with")
-    rt = ctypes.CDLL(libs[0])
+    rt = cuda_runtime()
     path = tmp_path / "m.gguf"
     write_random_model(path, arch="llama", preset="smollm2-135m", tensor_type="Q8_0", seed=1, n_layers=2)
     free, total, held = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_void_p()
@@ -522,3 +529,139 @@ def test_cuda_python_generation_keeps_steps_in_flight(tmp_path):
     assert cut == r_cut == full[:full.index(stop)]
     assert tokens == r_tokens and len(tokens) < len(a_ids) + kw["max_tokens"]
     assert np.array_equal(logits, r_logits)
+
+
+def test_cuda_device_by_index(tmp_path):
+    """backend='cuda:N' names CUDA device N ('cuda' is cuda:0, and so is 'auto''s pick); an index
+    past the machine's devices is refused before anything loads, naming the devices there are."""
+    from edgerunner.model_builder import write_random_model
+
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=3)
+    for backend in ("cuda", "cuda:0", "auto"):
+        model = _core.Model.load(str(path), backend=backend, n_ctx=64)
+        assert (model.backend, model.device) == ("cuda", "cuda:0")
+    count = _core.cuda_device_count()
+    with pytest.raises(ValueError, match=rf"^backend 'cuda:{count}': there is no CUDA device {count}; this machine has "
+                                         rf"{count}: cuda:0 [^,]+ \(sm_\d+, \d+ SMs, \d+ MiB\)") as e:
+        _core.Model.load(str(path), backend=f"cuda:{count}")
+    print(e.value)
+
+
+def gpu_free_bytes(rt, gpu):
+    import ctypes
+
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    assert rt.cudaSetDevice(gpu) == 0 and rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) == 0
+    return free.value
+
+
+@pytest.mark.skipif(_core.cuda_device_count() < 2, reason="needs two CUDA devices")
+def test_cuda_models_on_two_gpus(tmp_path):
+    """A model on cuda:1 keeps its weights and KV cache there (GPU 1's free memory falls by the
+    1 GiB cache, GPU 0's does not move) and computes what the same model on cuda:0 does: bit for
+    bit where the two devices are of one kind, else within the CPU comparison's bound. Models on
+    both, driven from one thread (whose current device another library sets, here the CUDA
+    runtime through ctypes, and which the engine leaves as it found it) step by step and by
+    generate's chained steps, and from two threads at once, give the tokens each gives alone."""
+    import ctypes
+    import threading
+
+    from edgerunner.model_builder import write_random_model
+
+    rt = cuda_runtime()
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=6)  # 2 layers, 2 KiB of f16 K and V a token
+    n_ctx = 2**19  # a 1 GiB cache
+    before = [gpu_free_bytes(rt, d) for d in (0, 1)]
+    m1 = _core.Model.load(str(path), backend="cuda:1", n_ctx=n_ctx)
+    s1 = _core.Session(m1)
+    after = [gpu_free_bytes(rt, d) for d in (0, 1)]
+    print(f"free MiB before {[b >> 20 for b in before]}, after {[a >> 20 for a in after]}")
+    assert before[1] - after[1] >= 2**30 and abs(before[0] - after[0]) < 64 << 20
+    assert (m1.backend, m1.device) == ("cuda", "cuda:1")
+
+    m0 = _core.Model.load(str(path), backend="cuda:0", n_ctx=n_ctx)
+    cpu = _core.Model.load(str(path), backend="cpu", n_ctx=64)
+    ids = prompt(np.random.default_rng(4), 24)
+    l1 = s1.eval_all(ids)
+    l0 = _core.Session(m0).eval_all(ids)
+    want = _core.Session(cpu).eval_all(ids)
+    assert np.abs(l1 - want).max() <= FAST_TOLERANCE * np.abs(want).max()
+    if _core.cuda_device(0) == _core.cuda_device(1):
+        assert np.array_equal(l0, l1)
+
+    def greedy_alone(model, steps=12):
+        s = _core.Session(model)
+        s.eval(ids)
+        out = []
+        for _ in range(steps):
+            out.append(int(np.argmax(s.logits())))
+            s.append(out[-1])
+        return out
+
+    def sampled(model, seed, n=40):
+        s = _core.Session(model)
+        s.eval(ids)
+        return s.generate(_core.Sampler(model.config["n_vocab"], seed=seed, temperature=0.9), n, [])
+
+    alone = {d: greedy_alone(m) for d, m in ((0, m0), (1, m1))}
+    drawn = {d: sampled(m, 10 + d) for d, m in ((0, m0), (1, m1))}
+    # one thread, steps interleaved, the thread's current device switched by another user between them
+    sessions = {0: _core.Session(m0), 1: _core.Session(m1)}
+    for s in sessions.values():
+        s.eval(ids)
+    got = {0: [], 1: []}
+    for step in range(12):
+        for d in (1, 0):
+            assert rt.cudaSetDevice(step % 2) == 0
+            got[d].append(int(np.argmax(sessions[d].logits())))
+            sessions[d].append(got[d][-1])
+    assert got == alone
+    assert rt.cudaSetDevice(0) == 0
+    assert [sampled(m1, 11), sampled(m0, 10)] == [drawn[1], drawn[0]]
+    # two threads at once, one a GPU
+    results = {}
+    threads = [threading.Thread(target=lambda d=d, m=m: results.__setitem__(d, sampled(m, 10 + d))) for d, m in ((0, m0), (1, m1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == drawn
+    device = ctypes.c_int()
+    assert rt.cudaGetDevice(ctypes.byref(device)) == 0 and device.value == 0  # as this thread left it
+
+
+@pytest.mark.skipif(_core.cuda_device_count() < 2, reason="needs two CUDA devices")
+def test_cuda_model_on_gpu_1_leaves_gpu_0_alone(tmp_path):
+    """A process that loads and runs a model on cuda:1 (and frees it) creates no context on GPU 0:
+    no memory of GPU 0 is taken by a program that asked for GPU 1 (the driver's primary context
+    state, asked in a fresh process)."""
+    import subprocess
+    import sys
+
+    from edgerunner.model_builder import write_random_model
+
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=6)
+    code = f"""
+import ctypes
+import numpy as np
+from edgerunner import _core
+m = _core.Model.load({str(path)!r}, backend="cuda:1", n_ctx=64)
+s = _core.Session(m)
+s.eval(np.arange(1, 9, dtype=np.int32))
+print(s.generate(_core.Sampler(m.config["n_vocab"]), 8, []))
+del s, m
+cu = ctypes.CDLL("libcuda.so.1")
+assert cu.cuInit(0) == 0
+for ordinal in (0, 1):
+    dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    assert cu.cuDeviceGet(ctypes.byref(dev), ordinal) == 0
+    assert cu.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) == 0
+    print("context", ordinal, active.value)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    print(r.stdout, r.stderr)
+    assert r.returncode == 0
+    assert "context 0 0" in r.stdout and "context 1 1" in r.stdout

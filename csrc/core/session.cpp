@@ -29,8 +29,10 @@ struct Model::Impl {
     Plan decode_plan, prefill_plan;
     std::unique_ptr<cpu::ThreadPool> pool;
     std::string backend;  // "cpu", "cuda" or "metal"
+    int gpu = 0;          // CUDA: the device index
+    std::string device;   // "cpu", "cuda:N" or "metal"
 #if defined(ER_HAVE_CUDA)
-    std::shared_ptr<cuda::DeviceModel> device;  // the weights in device memory
+    std::shared_ptr<cuda::DeviceModel> cuda_weights;  // the weights in device memory
 #endif
 #if defined(ER_HAVE_METAL)
     std::shared_ptr<metal::DeviceModel> metal_weights;  // the mapped file as Metal buffers
@@ -39,10 +41,20 @@ struct Model::Impl {
 
 namespace {
 
+// "cuda:N" → N (digits only), else -1.
+int cuda_index(const std::string& b) {
+    if (b.rfind("cuda:", 0) != 0 || b.size() == 5 || b.size() > 5 + 6) return -1;
+    for (size_t i = 5; i < b.size(); ++i)
+        if (b[i] < '0' || b[i] > '9') return -1;
+    return std::stoi(b.substr(5));
+}
+
 // "auto" → a GPU backend where this build has one and a device is present (CUDA, else Metal),
-// else cpu.
-std::string resolve_backend(const LoadOptions& o) {
-    const std::string& b = o.backend;
+// else cpu; "cuda:N" → cuda, on device N (`gpu`).
+std::string resolve_backend(const LoadOptions& o, int* gpu) {
+    const int index = cuda_index(o.backend);
+    *gpu = std::max(index, 0);
+    const std::string& b = index >= 0 ? std::string("cuda") : o.backend;
 #if defined(ER_HAVE_CUDA)
     const bool cuda_ok = cuda::available();
 #else
@@ -55,15 +67,17 @@ std::string resolve_backend(const LoadOptions& o) {
 #endif
     if (b == "cpu") return b;
     if (b == "auto") return o.precise ? "cpu" : cuda_ok ? "cuda" : metal_ok ? "metal" : "cpu";
-    if (b != "cuda" && b != "metal") throw std::invalid_argument("unknown backend '" + b + "'; choose cpu, cuda, metal or auto");
+    if (b != "cuda" && b != "metal")
+        throw std::invalid_argument("unknown backend '" + b + "'; choose cpu, cuda, cuda:N (CUDA device N), metal or auto");
     [[maybe_unused]] const char* cpu_only = "precise mode runs on the CPU backend only; drop precise or use backend='cpu'";
     if (b == "cuda") {
 #if defined(ER_HAVE_CUDA)
-        if (!cuda_ok) throw std::invalid_argument("backend 'cuda': " + cuda::describe() + "; use backend='cpu' (or 'auto')");
+        if (!cuda_ok) throw std::invalid_argument("backend '" + o.backend + "': " + cuda::describe() + "; use backend='cpu' (or 'auto')");
+        if (const std::string why = cuda::unusable(*gpu); !why.empty()) throw std::invalid_argument("backend '" + o.backend + "': " + why);
         if (o.precise) throw std::invalid_argument(cpu_only);
         return b;
 #else
-        throw std::invalid_argument("backend 'cuda': this build has no CUDA backend (rebuild with -C cmake.define.EDGERUNNER_CUDA=ON)");
+        throw std::invalid_argument("backend '" + o.backend + "': this build has no CUDA backend (rebuild with -C cmake.define.EDGERUNNER_CUDA=ON)");
 #endif
     }
 #if defined(ER_HAVE_METAL)
@@ -83,6 +97,7 @@ const ModelConfig& Model::config() const { return impl_->config; }
 const GGUFFile& Model::file() const { return impl_->file; }
 const LoadOptions& Model::options() const { return impl_->options; }
 const std::string& Model::backend() const { return impl_->backend; }
+const std::string& Model::device() const { return impl_->device; }
 int64_t Model::n_ctx() const { return impl_->n_ctx; }
 
 std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& options) {
@@ -97,9 +112,11 @@ std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
     parse_kv_type(options.kv_type);
 
     std::shared_ptr<Model> model(new Model());
-    std::string backend = resolve_backend(options);
+    int gpu = 0;
+    std::string backend = resolve_backend(options, &gpu);
     model->impl_ = std::make_unique<Impl>(GGUFFile::open(path), options, std::move(backend));
     Impl& m = *model->impl_;
+    m.gpu = gpu;
     m.config = read_model_config(m.file);
     if (!options.precise && parse_kv_type(options.kv_type) == KvType::Q8_0 && m.config.head_dim % 32 != 0)
         throw std::invalid_argument("KV cache type q8_0 needs a head size that is a multiple of 32 (this model's is " +
@@ -115,11 +132,12 @@ std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
     if (m.backend == "cuda") {
         const std::string missing = cuda::unsupported(m.config, m.prefill_plan);
         if (missing.empty()) {
-            m.device = cuda::upload({&m.decode_plan, &m.prefill_plan});
+            m.device = "cuda:" + std::to_string(m.gpu);
+            m.cuda_weights = cuda::upload({&m.decode_plan, &m.prefill_plan}, m.gpu);
             return model;
         }
-        if (options.backend == "cuda")
-            throw std::invalid_argument("backend 'cuda' cannot run " + m.config.arch + " yet (" + missing + "); use backend='cpu'");
+        if (options.backend != "auto")
+            throw std::invalid_argument("backend '" + options.backend + "' cannot run " + m.config.arch + " yet (" + missing + "); use backend='cpu'");
         m.backend = "cpu";  // auto: the CPU runs what the GPU backend cannot yet
     }
 #endif
@@ -128,6 +146,7 @@ std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
         std::string missing = metal::unsupported(m.config, m.prefill_plan);
         if (missing.empty()) missing = metal::unsupported(m.config, m.decode_plan);
         if (missing.empty()) {
+            m.device = "metal";
             m.metal_weights = metal::wrap_weights(m.file, {&m.decode_plan, &m.prefill_plan});
             return model;
         }
@@ -136,6 +155,7 @@ std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
         m.backend = "cpu";
     }
 #endif
+    m.device = "cpu";
     int threads = options.n_threads ? options.n_threads : static_cast<int>(std::thread::hardware_concurrency());
     m.pool = std::make_unique<cpu::ThreadPool>(std::max(1, threads));
     return model;
@@ -216,10 +236,10 @@ struct Session::Impl {
         const Model::Impl& mi = model->impl();
 #if defined(ER_HAVE_CUDA)
         if (mi.backend == "cuda") {
-            device_kv = cuda::make_kv(kv);
+            device_kv = cuda::make_kv(kv, *mi.cuda_weights);
             const cuda::Dispatch dispatch = cuda::parse_dispatch(model->options().dispatch);
-            decode = cuda::make_runner(model->config(), mi.decode_plan, mi.device, device_kv, dispatch);
-            prefill = cuda::make_runner(model->config(), mi.prefill_plan, mi.device, device_kv, dispatch);
+            decode = cuda::make_runner(model->config(), mi.decode_plan, mi.cuda_weights, device_kv, dispatch);
+            prefill = cuda::make_runner(model->config(), mi.prefill_plan, mi.cuda_weights, device_kv, dispatch);
         }
 #endif
 #if defined(ER_HAVE_METAL)

@@ -651,8 +651,7 @@ int short_keys(KvType kv, const AttentionArgs& a) {
 // Kernel K with `smem` bytes of dynamic shared memory (allowed once, up to its most).
 template <class K>
 Launch with_smem(dim3 grid, dim3 block, const AttentionArgs& a, size_t smem, size_t most) {
-    static const bool sized = allow_smem<K>(most);
-    (void)sized;
+    allow_smem<K>(most);
     return make_launch<K>(grid, block, a, smem);
 }
 

@@ -17,14 +17,18 @@
 
 namespace edgerunner::cuda {
 
+// A model lives on one GPU, `gpu` (a CUDA device index: cuda:N's N). Everything made for it
+// below is made there, and every call into it (and its release) runs with that device current,
+// whichever device the calling thread had: models on two GPUs run from one thread.
+
 // A model's weights in device memory, uploaded once at load: every weight the plans use.
 struct DeviceModel;
-std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans);
+std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans, int gpu);
 
-// A session's KV cache in device memory, with the layout of `layout` (its precision, each
-// layer its own capacity).
+// A session's KV cache in device memory on the weights' GPU, with the layout of `layout` (its
+// precision, each layer its own capacity).
 struct DeviceKv;
-std::shared_ptr<DeviceKv> make_kv(const KVCache& layout);
+std::shared_ptr<DeviceKv> make_kv(const KVCache& layout, const DeviceModel& weights);
 
 // How the one-token decode step reaches the GPU (prefill steps always launch eagerly):
 // "eager" encodes and launches each op every step; "argument_buffers" writes every launch's
@@ -36,18 +40,24 @@ Dispatch parse_dispatch(const std::string& name);  // eager, argument_buffers, r
 // What in a plan the CUDA backend cannot run yet (empty: it runs all of it).
 std::string unsupported(const ModelConfig& config, const Plan& plan);
 
-// A prepared plan on the device: scratch allocated here, one stream, ops launched per step.
+// A prepared plan on the weights' GPU: scratch allocated there, one stream, ops launched per step.
 std::unique_ptr<StepRunner> make_runner(const ModelConfig& config, const Plan& plan, std::shared_ptr<DeviceModel> weights,
                                         std::shared_ptr<DeviceKv> kv, Dispatch dispatch);
 
 // Whether a CUDA device is present and usable (false, never an error, when there is none).
 bool available();
-// "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)", or the reason there is no device.
-std::string describe();
+// How many CUDA devices there are (0 where none is usable). CUDA_VISIBLE_DEVICES chooses and
+// numbers them.
+int device_count();
+// "NVIDIA H200 (sm_90, 132 SMs, 143771 MiB)" for device `gpu`, or the reason there is no device.
+std::string describe(int gpu = 0);
+// Why cuda:`gpu` cannot be used ("" where it can): no device at all, or no such index (the
+// devices there are, named, and CUDA_VISIBLE_DEVICES where it is set).
+std::string unusable(int gpu);
 
-// Device-to-device copy bandwidth in GB/s (bytes read + written per second), best of `reps`
-// copies of n_bytes: the decode roofline's denominator.
-double copy_bandwidth(size_t n_bytes, int reps);
+// Device-to-device copy bandwidth in GB/s (bytes read + written per second) of device `gpu`,
+// best of `reps` copies of n_bytes: the decode roofline's denominator.
+double copy_bandwidth(size_t n_bytes, int reps, int gpu = 0);
 
 // Weight types the GEMV kernels read in their raw blocks, and those whose kernel takes int8
 // activations (quantized once per step, 32 per scale) rather than floats.

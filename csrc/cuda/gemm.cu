@@ -608,8 +608,7 @@ struct GemmWg : GemmTiles<T, 128, 8> {
 template <TensorType T, int kSplit>
 Launch launch(const GemvArgs& a, dim3 grid, bool aligned) {
     using K = Gemm<T, kSplit>;
-    static const bool sized = allow_smem<K>(K::kSmem);
-    (void)sized;
+    allow_smem<K>(K::kSmem);
     return make_launch<K>(grid, dim3(K::kThreads), a, K::smem(aligned));
 }
 
@@ -617,14 +616,16 @@ Launch launch(const GemvArgs& a, dim3 grid, bool aligned) {
 // compute capability 9.0 one (EDGERUNNER_CUDA_WGMMA=0: the mma.sync kernel there too, for measurements).
 bool wgmma_device() {
 #if defined(ER_CUDA_SM90A)
-    static const bool yes = [] {
-        int device = 0, major = 0, minor = 0;
+    static const bool off = [] {
         const char* env = std::getenv("EDGERUNNER_CUDA_WGMMA");
-        return !(env && std::string(env) == "0") && cudaGetDevice(&device) == cudaSuccess &&
-               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-               cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 && minor == 0;
+        return env && std::string(env) == "0";
     }();
-    return yes;
+    static PerGpu<bool> hopper;
+    return !off && hopper([](int device) {
+        int major = 0, minor = 0;
+        return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+               cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 && minor == 0;
+    });
 #else
     return false;
 #endif
@@ -636,8 +637,7 @@ constexpr bool kWgmmaFits = GemmWg<T, false>::smem(2) <= GemmWg<T, false>::kMaxS
 
 template <class K>
 Launch launch_wg(const GemvArgs& a) {
-    static const bool sized = allow_smem<K>(K::kSmem);
-    (void)sized;
+    allow_smem<K>(K::kSmem);
     const int64_t per_block = a.glu != Glu::None ? K::kRows / 2 : K::kRows;
     const dim3 grid(static_cast<unsigned>((a.n_tokens + K::kTokens - 1) / K::kTokens), static_cast<unsigned>((gemv_rows(a) + per_block - 1) / per_block));
     return make_launch<K>(grid, dim3(K::kThreads), a, K::kSmem);

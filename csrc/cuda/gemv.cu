@@ -770,31 +770,32 @@ bool rows_wanted(const GemvArgs& a) {
 }
 
 // The blocks of kernel K (of `threads` threads, `smem` bytes of shared memory) an SM holds at once,
-// asked once per shared-memory size: the last eight sizes kept, as a model's launches of one kernel
+// asked once per device and shared-memory size: the last eight sizes kept, as a model's launches of one kernel
 // take a few (eager dispatch builds its launches every step).
 template <class K>
 int blocks_per_sm(int threads, size_t smem) {
     struct Asked {
+        int device;
         size_t smem;
         int per_sm;
     };
     constexpr int kKept = 8;
     thread_local Asked asked[kKept];
     thread_local int n_asked = 0;
+    const int device = current_device();
     for (int i = 0; i < std::min(n_asked, kKept); ++i)
-        if (asked[i].smem == smem) return asked[i].per_sm;
+        if (asked[i].device == device && asked[i].smem == smem) return asked[i].per_sm;
     int per_sm = 1;
     ER_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, value_entry<K>(), threads, smem));
     per_sm = std::max(per_sm, 1);
-    asked[n_asked++ % kKept] = {smem, per_sm};
+    asked[n_asked++ % kKept] = {device, smem, per_sm};
     return per_sm;
 }
 
 template <TensorType T, In kIn>
 Launch rows_launch(const GemvArgs& a) {
     using K = GemvRows<T, kIn>;
-    static const bool sized = allow_smem<K>(max_dynamic_smem<K>(smem_per_block()));
-    (void)sized;
+    allow_smem<K>(max_dynamic_smem<K>(smem_per_block()));
     const int64_t pairs = (a.part[0].rows + 1) / 2;
     const int64_t blocks = std::min<int64_t>(blocks_per_sm<K>(K::kBlockThreads, K::smem(a)) * static_cast<int64_t>(sm_count()),
                                              (pairs + kRowsWarps - 1) / kRowsWarps);
@@ -812,16 +813,15 @@ int64_t staged_blocks(const GemvArgs& a, int block_warps) {
 // The most dynamic shared memory staged kernel K may be allowed.
 template <class K>
 size_t staged_smem_limit() {
-    static const size_t limit = max_dynamic_smem<K>(smem_per_block());
-    return limit;
+    static PerGpu<size_t> limit;
+    return limit([](int) { return max_dynamic_smem<K>(smem_per_block()); });
 }
 
 // A staged kernel K (or a pair of them) allowed the shared memory of its widest rows, once: before
 // its first launch, and before the occupancy calculator is asked about it (which counts on that).
 template <class K>
 void allow_staged_smem() {
-    static const bool sized = allow_smem<K>(std::min(K::kWeightSmem + kMaxStagedCols / 32 * 3 * sizeof(int4), staged_smem_limit<K>()));
-    (void)sized;
+    allow_smem<K>(std::min(K::kWeightSmem + kMaxStagedCols / 32 * 3 * sizeof(int4), staged_smem_limit<K>()));
 }
 
 template <class K>
@@ -1035,17 +1035,17 @@ bool gemv_wants_q8(TensorType type) {
     }
 }
 
-static int device_attribute(cudaDeviceAttr attr) {
-    int device = 0, n = 0;
-    return cudaGetDevice(&device) == cudaSuccess && cudaDeviceGetAttribute(&n, attr, device) == cudaSuccess ? n : 0;
+static int device_attribute(cudaDeviceAttr attr, int device) {
+    int n = 0;
+    return cudaDeviceGetAttribute(&n, attr, device) == cudaSuccess ? n : 0;
 }
 int sm_count() {
-    static const int count = device_attribute(cudaDevAttrMultiProcessorCount);
-    return count;
+    static PerGpu<int> count;
+    return count([](int d) { return device_attribute(cudaDevAttrMultiProcessorCount, d); });
 }
 size_t smem_per_block() {
-    static const size_t bytes = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
-    return bytes;
+    static PerGpu<size_t> bytes;
+    return bytes([](int d) { return static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, d)); });
 }
 
 bool gemv_quantizes_out(TensorType type, const GemvArgs& a) {
@@ -1095,9 +1095,15 @@ static void check_rows_aligned(TensorType type, const GemvArgs& a) {
 
 // A one-token GEMV reads its weights once (Launch::once): the span from its lowest part's rows to
 // the end of its highest's (the runner's weights are one allocation, so what lies between them is
-// weights too).
+// weights too), at most cudaDevAttrMaxAccessPolicyWindowSize long (a longer read is covered from
+// its start). EDGERUNNER_CUDA_L2_WINDOW=0: none (for measurements).
 static void mark_read_once(Launch& l, const GemvArgs& a, const GemvArgs* b = nullptr) {
-    if (a.n_tokens != 1) return;
+    static const bool off = [] {
+        const char* env = std::getenv("EDGERUNNER_CUDA_L2_WINDOW");
+        return env && std::string(env) == "0";
+    }();
+    static PerGpu<size_t> window_size;
+    if (off || a.n_tokens != 1) return;
     uintptr_t lo = UINTPTR_MAX, hi = 0;
     for (const GemvArgs* g : {&a, b}) {
         if (!g) continue;
@@ -1108,7 +1114,9 @@ static void mark_read_once(Launch& l, const GemvArgs& a, const GemvArgs* b = nul
         }
     }
     l.once = reinterpret_cast<const void*>(lo);
-    l.once_bytes = hi - lo;
+    l.once_bytes = std::min<size_t>(hi - lo, window_size([](int d) {
+        return static_cast<size_t>(device_attribute(cudaDevAttrMaxAccessPolicyWindowSize, d));
+    }));
 }
 
 Launch gemv_pair(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs& a2) {
@@ -1379,7 +1387,9 @@ std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, 
     return y;
 }
 
-double copy_bandwidth(size_t n_bytes, int reps) {
+double copy_bandwidth(size_t n_bytes, int reps, int gpu) {
+    if (const std::string why = unusable(gpu); !why.empty()) throw std::invalid_argument(why);
+    const OnGpu on(gpu);
     auto a = device_alloc<uint8_t>(n_bytes), b = device_alloc<uint8_t>(n_bytes);
     ER_CUDA(cudaMemset(a.get(), 1, n_bytes));
     cudaEvent_t start, stop;
@@ -1400,12 +1410,25 @@ double copy_bandwidth(size_t n_bytes, int reps) {
     return 2.0 * static_cast<double>(n_bytes) / (best * 1e-3) / 1e9;
 }
 
-bool available() {
+bool available() { return device_count() > 0; }
+
+int device_count() {
     int count = 0;
-    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+    return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
 }
 
-std::string describe() {
+std::string unusable(int gpu) {
+    const int count = device_count();
+    if (count == 0) return describe();
+    if (gpu >= 0 && gpu < count) return "";
+    std::string there;
+    for (int d = 0; d < count; ++d) there += (d ? ", " : "") + ("cuda:" + std::to_string(d)) + " " + describe(d);
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (visible) there += std::string(" (CUDA_VISIBLE_DEVICES=") + visible + " chooses them, numbered from 0)";
+    return "there is no CUDA device " + std::to_string(gpu) + "; this machine has " + std::to_string(count) + ": " + there;
+}
+
+std::string describe(int gpu) {
     int count = 0;
     const cudaError_t status = cudaGetDeviceCount(&count);
     if (status == cudaErrorInsufficientDriver)  // (also where no NVIDIA driver is installed at all)
@@ -1414,48 +1437,37 @@ std::string describe() {
     if (status == cudaErrorNoDevice || (status == cudaSuccess && count == 0)) return "no CUDA device";
     if (status != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(status);
     cudaDeviceProp p{};
-    ER_CUDA(cudaGetDeviceProperties(&p, 0));
+    ER_CUDA(cudaGetDeviceProperties(&p, gpu));
     return std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
            std::to_string(p.multiProcessorCount) + " SMs, " + std::to_string(p.totalGlobalMem >> 20) + " MiB)";
 }
 
 bool overlap_supported() {
-    static const bool supported = [] {
+    static const bool off = [] {
         const char* env = std::getenv("EDGERUNNER_CUDA_OVERLAP");
-        if (env && std::string(env) == "0") return false;
-        int device = 0, major = 0;
-        return cudaGetDevice(&device) == cudaSuccess &&
-               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
+        return env && std::string(env) == "0";
     }();
-    return supported;
+    static PerGpu<bool> supported;
+    return !off && supported([](int d) { return device_attribute(cudaDevAttrComputeCapabilityMajor, d) >= 9; });
 }
 
 void enqueue(const Launch& l, cudaStream_t stream, const void* table, bool overlap) {
     // What a launch reads once (Launch::once) goes through L2 as streaming, first to be evicted:
     // the 8B's one-token GEMVs pull 122 MB a layer through the 60 MiB L2 (H200), and what the
     // step writes and reads again (the residual the norms read, outputs, the KV cache) should stay
-    // (bench/NOTES.md, thirty-first CUDA session: 1B Q4_0 +1.9 %, 8B +0.15–0.7 %). Windows are
-    // at most cudaDevAttrMaxAccessPolicyWindowSize long (a longer read is covered from its start).
-    // EDGERUNNER_CUDA_L2_WINDOW=0: none (for measurements).
-    static const size_t window_most = []() -> size_t {
-        const char* env = std::getenv("EDGERUNNER_CUDA_L2_WINDOW");
-        int device = 0, most = 0;
-        if ((env && std::string(env) == "0") || cudaGetDevice(&device) != cudaSuccess ||
-            cudaDeviceGetAttribute(&most, cudaDevAttrMaxAccessPolicyWindowSize, device) != cudaSuccess)
-            return 0;
-        return static_cast<size_t>(most);
-    }();
+    // (bench/NOTES.md, thirty-first CUDA session: 1B Q4_0 +1.9 %, 8B +0.15–0.7 %). The span is
+    // mark_read_once's: at most the device's window size.
     cudaLaunchAttribute attrs[2]{};
     unsigned n_attrs = 0;
     if (overlap) {
         attrs[n_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attrs[n_attrs++].val.programmaticStreamSerializationAllowed = 1;
     }
-    if (window_most && l.once_bytes) {
+    if (l.once_bytes) {
         cudaLaunchAttribute& w = attrs[n_attrs++];
         w.id = cudaLaunchAttributeAccessPolicyWindow;
         w.val.accessPolicyWindow.base_ptr = const_cast<void*>(l.once);
-        w.val.accessPolicyWindow.num_bytes = std::min(l.once_bytes, window_most);
+        w.val.accessPolicyWindow.num_bytes = l.once_bytes;
         w.val.accessPolicyWindow.hitRatio = 1.0f;
         w.val.accessPolicyWindow.hitProp = cudaAccessPropertyStreaming;
         w.val.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;

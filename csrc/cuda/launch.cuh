@@ -31,6 +31,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "check.cuh"
+
 #include "trace.cuh"
 
 namespace edgerunner::cuda {
@@ -115,7 +117,8 @@ struct Launch {
     size_t smem = 0;  // dynamic shared memory, bytes
     size_t args_size = 0;
     // bytes the launch reads once and no launch after it in the step (a one-token GEMV's
-    // weights): enqueue marks them streaming in L2 (an access-policy window)
+    // weights, at most the device's window size): enqueue marks them streaming in L2 (an
+    // access-policy window)
     const void* once = nullptr;
     size_t once_bytes = 0;
     alignas(16) unsigned char args[kMaxArgs];
@@ -161,12 +164,17 @@ size_t max_dynamic_smem(size_t per_block) {
     return per_block - std::min(per_block, attr.sharedSizeBytes);
 }
 
-// Let kernel K use `bytes` of dynamic shared memory (past the default 48 KiB), both entry points.
+// Let kernel K use `bytes` of dynamic shared memory (past the default 48 KiB), both entry points,
+// once per device (a function's attributes are the device's: every GPU a model runs on sets its
+// own). Each kernel asks one size, whoever asks.
 template <class K>
-bool allow_smem(size_t bytes) {
-    cudaFuncSetAttribute(value_entry<K>(), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-    cudaFuncSetAttribute(table_entry<K>(), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-    return true;
+void allow_smem(size_t bytes) {
+    static PerGpu<bool> allowed;
+    allowed([&](int) {
+        cudaFuncSetAttribute(value_entry<K>(), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+        cudaFuncSetAttribute(table_entry<K>(), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+        return true;
+    });
 }
 
 // Enqueue `l` on `stream`: its arguments by value, or (table != null) the device copy of them

@@ -51,9 +51,21 @@ size_t weight_bytes(const Weight& w) { return static_cast<size_t>(w.rows) * w.ro
 size_t device_bytes(const Weight& w) { return static_cast<size_t>(w.rows) * device_row_bytes(w.type, w.cols); }
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+// A new T whose construction and release run on `gpu` (OnGpu): its device memory, streams and
+// graphs belong there, and freeing them there touches no other GPU.
+template <class T, class... A>
+std::shared_ptr<T> make_on(int gpu, A&&... args) {
+    const OnGpu on(gpu);
+    return std::shared_ptr<T>(new T(std::forward<A>(args)...), [gpu](T* p) {
+        const OnGpu on(gpu, std::nothrow);
+        delete p;
+    });
+}
+
 }  // namespace
 
 struct DeviceModel {
+    int gpu = 0;  // the CUDA device it lives on
     DevicePtr<uint8_t> memory;
     std::unordered_map<const uint8_t*, const uint8_t*> at;  // host (mapped file) → device
     const uint8_t* operator()(const Weight* w) const { return w ? at.at(w->data) : nullptr; }
@@ -64,8 +76,11 @@ struct DeviceModel {
 // the layout the kernels read (to_device_layout: Q4_0's, Q5_0's, Q8_0's and IQ4_NL's blocks
 // grouped, Q4_K's and Q6_K's rearranged), in place, or from a landing buffer where its rows grow
 // (the grouped formats' padded to whole groups).
-std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans) {
-    auto m = std::make_shared<DeviceModel>();
+std::shared_ptr<DeviceModel> upload(const std::vector<const Plan*>& plans, int gpu) {
+    if (const std::string why = unusable(gpu); !why.empty()) throw std::invalid_argument(why);
+    auto m = make_on<DeviceModel>(gpu);
+    const OnGpu on(gpu);
+    m->gpu = gpu;
     std::vector<const Weight*> weights;
     size_t total = 0, landing = 0;
     for (const Plan* plan : plans)
@@ -126,10 +141,11 @@ struct DeviceKv {
     uint8_t* v(int64_t layer) const { return k(layer) + static_cast<size_t>(capacity[static_cast<size_t>(layer)]) * slot_bytes; }
 };
 
-std::shared_ptr<DeviceKv> make_kv(const KVCache& layout) {
+std::shared_ptr<DeviceKv> make_kv(const KVCache& layout, const DeviceModel& weights) {
     if (layout.type == KvType::Q8_0 && layout.head_dim % 32 != 0)
         throw std::invalid_argument("a q8_0 KV cache needs head sizes that are multiples of 32; use f16");
-    auto kv = std::make_shared<DeviceKv>();
+    auto kv = make_on<DeviceKv>(weights.gpu);
+    const OnGpu on(weights.gpu);
     kv->type = layout.type;
     kv->slot_bytes = layout.row_bytes;
     for (int64_t l = 0; l < layout.n_layer; ++l) {
@@ -904,9 +920,55 @@ std::string unsupported(const ModelConfig& c, const Plan& plan) {
     return "";
 }
 
+namespace {
+
+// A Runner made, called and released with its GPU current (OnGpu), whichever device the calling
+// thread has: one device query a call (a thread-local read), and a switch only where it differs.
+class OnGpuRunner final : public StepRunner {
+public:
+    OnGpuRunner(int gpu, std::unique_ptr<Runner> runner) : gpu_(gpu), runner_(std::move(runner)) {}
+    ~OnGpuRunner() override {
+        const OnGpu on(gpu_, std::nothrow);
+        runner_.reset();
+    }
+    void run(const StepInputs& in) override {
+        const OnGpu on(gpu_);
+        runner_->run(in);
+    }
+    const float* logits() const override { return runner_->logits(); }
+    int64_t max_tokens() const override { return runner_->max_tokens(); }
+    bool can_sample(const SamplingParams& p) const override { return runner_->can_sample(p); }
+    void fetch_logits() override {
+        const OnGpu on(gpu_);
+        runner_->fetch_logits();
+    }
+    int chain_depth() const override { return runner_->chain_depth(); }
+    void chain_push(int64_t pos, const SamplingParams& p, uint64_t sample_step, const int32_t* first_token) override {
+        const OnGpu on(gpu_);
+        runner_->chain_push(pos, p, sample_step, first_token);
+    }
+    int32_t chain_pop() override {
+        const OnGpu on(gpu_);
+        return runner_->chain_pop();
+    }
+    void chain_end() override {
+        const OnGpu on(gpu_);
+        runner_->chain_end();
+    }
+
+private:
+    int gpu_;
+    std::unique_ptr<Runner> runner_;
+};
+
+}  // namespace
+
 std::unique_ptr<StepRunner> make_runner(const ModelConfig& config, const Plan& plan, std::shared_ptr<DeviceModel> weights,
                                         std::shared_ptr<DeviceKv> kv, Dispatch dispatch) {
-    return std::make_unique<Runner>(config, plan, std::move(weights), std::move(kv), dispatch);
+    const int gpu = weights->gpu;
+    const OnGpu on(gpu);
+    auto runner = std::make_unique<Runner>(config, plan, std::move(weights), std::move(kv), dispatch);
+    return std::make_unique<OnGpuRunner>(gpu, std::move(runner));
 }
 
 }  // namespace edgerunner::cuda

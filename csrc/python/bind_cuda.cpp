@@ -19,11 +19,16 @@ void bind_cuda(nb::module_& m) {
 #if defined(ER_HAVE_CUDA)
     m.attr("cuda_built") = true;
     m.def("cuda_available", &cuda::available, "Whether this build has the CUDA backend and a CUDA device is present.");
-    m.def("cuda_device", &cuda::describe);
-    m.def("cuda_copy_bandwidth", [](size_t n_bytes, int reps) {
+    m.def("cuda_device", [](int gpu) {
+        if (const std::string why = cuda::unusable(gpu); !why.empty()) return why;
+        return cuda::describe(gpu);
+    }, nb::arg("gpu") = 0, "CUDA device `gpu` in words (name, architecture, SMs, memory), or why there is none.");
+    m.def("cuda_device_count", &cuda::device_count, "How many CUDA devices there are (CUDA_VISIBLE_DEVICES chooses and numbers them).");
+    m.def("cuda_copy_bandwidth", [](size_t n_bytes, int reps, int gpu) {
         nb::gil_scoped_release release;
-        return cuda::copy_bandwidth(n_bytes, reps);
-    }, nb::arg("n_bytes") = size_t(1) << 30, nb::arg("reps") = 5, "Device-to-device copy bandwidth, GB/s (read + write).");
+        return cuda::copy_bandwidth(n_bytes, reps, gpu);
+    }, nb::arg("n_bytes") = size_t(1) << 30, nb::arg("reps") = 5, nb::arg("gpu") = 0,
+       "Device-to-device copy bandwidth of CUDA device `gpu`, GB/s (read + write).");
     m.def("cuda_matmul", [](uint32_t type_id, nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig> rows,
                             nb::ndarray<const float, nb::ndim<2>, nb::c_contig> x, const std::string& gemm) {
         auto info = tensor_type_info(type_id);
@@ -65,6 +70,8 @@ void bind_cuda(nb::module_& m) {
 #else
     m.attr("cuda_built") = false;
     m.def("cuda_available", [] { return false; }, "Whether this build has the CUDA backend and a CUDA device is present.");
-    m.def("cuda_device", [] { return std::string("this build has no CUDA backend (build with -C cmake.define.EDGERUNNER_CUDA=ON)"); });
+    m.def("cuda_device", [](int) { return std::string("this build has no CUDA backend (build with -C cmake.define.EDGERUNNER_CUDA=ON)"); },
+          nb::arg("gpu") = 0);
+    m.def("cuda_device_count", [] { return 0; }, "How many CUDA devices there are (CUDA_VISIBLE_DEVICES chooses and numbers them).");
 #endif
 }

@@ -100,6 +100,7 @@ void bind_engine(nb::module_& m) {
         }, nb::arg("path"), nb::arg("n_ctx") = 0, nb::arg("kv_type") = "f16", nb::arg("precise") = false,
            nb::arg("n_threads") = 0, nb::arg("prefill_chunk") = 256, nb::arg("backend") = "auto", nb::arg("dispatch") = "auto")
         .def_prop_ro("backend", &Model::backend)
+        .def_prop_ro("device", &Model::device, "'cpu', 'cuda:N' (N: the CUDA device index) or 'metal'.")
         .def_prop_ro("config", [](const Model& mo) { return config_dict(mo.config()); })
         .def_prop_ro("n_ctx", &Model::n_ctx)
         .def_prop_ro("kv_type", [](const Model& mo) { return mo.options().precise ? std::string("f32") : mo.options().kv_type; })

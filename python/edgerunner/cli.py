@@ -123,6 +123,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _backend(name: str) -> str:
+    from edgerunner.model import is_backend
+
+    if not is_backend(name):
+        raise argparse.ArgumentTypeError(f"unknown backend {name!r}: choose auto, cpu, cuda, cuda:N (CUDA device N) or metal")
+    return name
+
+
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("generation")
     g.add_argument("-n", "--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
@@ -138,8 +146,9 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
     m.add_argument("--kv-type", default="f16", choices=["f16", "f32", "q8_0"], help="KV cache precision")
     m.add_argument("--precise", action="store_true", help="float32 activations and KV cache (slower)")
-    m.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "metal"],
-                   help="where to run (default auto: a GPU backend when this build has one and a GPU is present)")
+    m.add_argument("--backend", default="auto", type=_backend, metavar="{auto,cpu,cuda,cuda:N,metal}",
+                   help="where to run (default auto: a GPU backend when this build has one and a GPU is present; "
+                        "cuda:N: CUDA device N)")
     m.add_argument("--revision", default=None, help="hub models: the branch, tag or commit (default main)")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -32,6 +33,11 @@ __all__ = ["Model", "Generator", "load_events"]
 Prompt = str | Sequence[int]
 
 _TOUCH_CHUNK = 64 << 20  # bytes paged in between two loading events
+
+
+def is_backend(name: object) -> bool:
+    """Whether ``name`` is a backend :meth:`Model.load` takes: auto, cpu, cuda, cuda:N or metal."""
+    return isinstance(name, str) and (name in ("auto", "cpu", "cuda", "metal") or re.fullmatch(r"cuda:[0-9]{1,6}", name) is not None)
 
 
 class Model:
@@ -84,8 +90,9 @@ class Model:
                 equal to a float32 reference within 1e-2 logits.
             threads: CPU threads (default: all).
             prefill_chunk: tokens per prefill step.
-            backend: ``"cpu"``, ``"cuda"`` (a build with the CUDA backend and an NVIDIA GPU),
-                ``"metal"`` (a macOS build, which has the Metal backend, on a Metal 3 GPU), or
+            backend: ``"cpu"``, ``"cuda"`` (a build with the CUDA backend and an NVIDIA GPU: its
+                device 0), ``"cuda:N"`` (its device N; ``CUDA_VISIBLE_DEVICES`` chooses and numbers
+                them), ``"metal"`` (a macOS build, which has the Metal backend, on a Metal 3 GPU), or
                 ``"auto"``: a GPU backend where one is available (and not ``precise``), else the CPU.
             dispatch: how GPU decode steps are issued: ``"eager"`` (every op encoded each step),
                 ``"argument_buffers"`` (every op's arguments written once into device tables, the
@@ -102,8 +109,8 @@ class Model:
         events = EventSink(on_event)
         events.emit(Stage.IDLE, message=f"loading {source if source is not None else builtin_models.DEFAULT_MODEL}")
         try:
-            if backend not in ("auto", "cpu", "cuda", "metal"):
-                raise ValueError(f"unknown backend {backend!r}; choose auto, cpu, cuda or metal")
+            if not is_backend(backend):
+                raise ValueError(f"unknown backend {backend!r}; choose auto, cpu, cuda, cuda:N (CUDA device N) or metal")
             path = str(sources.resolve(source, revision=revision, report=lambda done, total, message: events.emit(
                 Stage.DOWNLOADING, done, total, message)))
             file = gguf.open(path)
@@ -154,8 +161,13 @@ class Model:
 
     @property
     def backend(self) -> str:
-        """Where the model runs: ``"cpu"``, ``"cuda"`` or ``"metal"``."""
+        """The backend the model runs on: ``"cpu"``, ``"cuda"`` or ``"metal"``."""
         return self._native.backend
+
+    @property
+    def device(self) -> str:
+        """The device it runs on: ``"cpu"``, ``"cuda:N"`` (N: the CUDA device index) or ``"metal"``."""
+        return self._native.device
 
     @property
     def n_vocab(self) -> int:
@@ -164,7 +176,7 @@ class Model:
     def __repr__(self) -> str:
         c = self.config
         return (f"Model({os.path.basename(self.path)!r}, arch={c['arch']}, layers={c['n_layer']}, "
-                f"n_ctx={self.n_ctx}, kv={self._native.kv_type}, backend={self.backend}"
+                f"n_ctx={self.n_ctx}, kv={self._native.kv_type}, device={self.device}"
                 f"{', precise' if self._native.precise else ''})")
 
     # ---- tokens --------------------------------------------------------------------------

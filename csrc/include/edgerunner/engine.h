@@ -25,7 +25,8 @@ struct LoadOptions {
     bool precise = false;         // float32 activations and KV cache: the reference mode
     int n_threads = 0;            // 0: all hardware threads
     int64_t prefill_chunk = 256;  // tokens per prefill step
-    std::string backend = "auto"; // cpu, cuda, metal, or auto (a GPU backend this build has, with a device present)
+    std::string backend = "auto"; // cpu, cuda (its device 0), cuda:N (its device N), metal, or auto (a GPU
+                                  // backend this build has, with a device present: CUDA's device 0)
     std::string dispatch = "auto";  // GPU backends: eager, argument_buffers, recorded, auto (= recorded)
 };
 constexpr int64_t kDefaultMaxContext = 4096;
@@ -48,6 +49,7 @@ public:
     const GGUFFile& file() const;
     const LoadOptions& options() const;
     const std::string& backend() const;  // the backend it runs on: "cpu", "cuda" or "metal"
+    const std::string& device() const;   // and the device: "cpu", "cuda:N" (N the CUDA device index) or "metal"
     int64_t n_ctx() const;
 
     struct Impl;
