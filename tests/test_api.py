@@ -60,6 +60,32 @@ def test_logits_api(smollm2):
     assert smollm2.detokenize(ids, skip_special=True) == "Hello world"
 
 
+def test_devices_say_what_each_backend_gets(tmp_path):
+    """edgerunner.devices() lists the CPU first, then each CUDA device as cuda:N (or one cuda entry
+    saying why there is none), then Metal; backend='auto' gets the first available GPU entry, and
+    every available entry loads as that device."""
+    found = edgerunner.devices()
+    names = [d["device"] for d in found]
+    assert names[0] == "cpu" and found[0]["available"] and names[-1] == "metal"
+    assert found[0]["description"].endswith(f"kernels {edgerunner._core.cpu_isa()} (this CPU runs "
+                                            f"{', '.join(edgerunner._core.cpu_isas())})")
+    if edgerunner._core.cuda_available():
+        count = edgerunner._core.cuda_device_count()
+        assert names[1:-1] == [f"cuda:{n}" for n in range(count)]
+        assert [d["description"] for d in found[1:-1]] == [edgerunner._core.cuda_device(n) for n in range(count)]
+    else:
+        assert found[1:-1] == [{"device": "cuda", "available": False, "description": edgerunner._core.cuda_device()}]
+    assert found[-1]["available"] == edgerunner._core.metal_available()
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", seed=0)
+    assert Model.load(path, n_ctx=32).device == next((d["device"] for d in found[1:] if d["available"]), "cpu")
+    for d in found:
+        if d["available"]:
+            model = Model.load(path, n_ctx=32, backend=d["device"])
+            assert model.device == d["device"] and model.backend == d["device"].split(":")[0]
+            assert model.generate([1, 2, 3], max_tokens=2, temperature=0.0, ignore_eos=True) is not None
+
+
 def test_errors_name_the_problem(tmp_path):
     with pytest.raises(FileNotFoundError, match="neither a file nor a built-in model"):
         Model.load("no-such-model")
@@ -127,6 +153,8 @@ def test_cli_errors(tmp_path):
         assert "Load the model with n_ctx=" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("run", "a", "b", "c")
     assert r.returncode != 0 and "at most a model and one prompt" in r.stderr
+    r = run_cli("devices")
+    assert r.returncode == 0 and r.stdout.startswith("cpu ") and "--backend auto picks " in r.stdout
     r = run_cli("run", "a", "--backend", "cuda:x")
     assert r.returncode == 2 and "unknown backend 'cuda:x': choose auto, cpu, cuda, cuda:N (CUDA device N) or metal" in r.stderr
     r = run_cli()

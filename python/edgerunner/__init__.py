@@ -20,13 +20,13 @@ from edgerunner.errors import (ContextLengthError, GGUFError, IntegrityError, Mo
 from edgerunner.events import LoadEvent, Stage
 
 __version__ = "0.1.0"
-__all__ = ["Model", "Generator", "load_events", "LoadEvent", "Stage", "GGUFError", "ContextLengthError",
+__all__ = ["Model", "Generator", "load_events", "devices", "LoadEvent", "Stage", "GGUFError", "ContextLengthError",
            "OutOfMemoryError", "ModelFetchError", "ModelNotFoundError", "IntegrityError", "TokenizerError",
            "ChatTemplateError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Model", "Generator", "load_events"):
+    if name in ("Model", "Generator", "load_events", "devices"):
         from edgerunner import model
 
         return getattr(model, name)

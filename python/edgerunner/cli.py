@@ -266,6 +266,21 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_devices(args: argparse.Namespace) -> int:
+    from edgerunner import devices
+
+    found = devices()
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    auto = next((d["device"] for d in found if d["available"] and d["device"] != "cpu"), "cpu")
+    for d in found:
+        state = "" if d["available"] else "not available: "
+        print(f"{d['device']:<8} {state}{d['description']}")
+    print(f"\n--backend auto picks {auto}" + (" (cpu with --precise)" if auto != "cpu" else ""))
+    return 0
+
+
 def _say(message: str) -> None:
     print(f"edgerunner: {message}", file=sys.stderr)
 
@@ -310,6 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", default=None, help="system message")
     _add_generation_args(chat)
     chat.set_defaults(func=cmd_chat)
+
+    devs = sub.add_parser("devices", help="list what this build can run on here: the CPU, CUDA devices (cuda:N), Metal")
+    devs.add_argument("--json", action="store_true", help="print JSON instead of text")
+    devs.set_defaults(func=cmd_devices)
     return parser
 
 

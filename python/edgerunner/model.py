@@ -35,6 +35,22 @@ Prompt = str | Sequence[int]
 _TOUCH_CHUNK = 64 << 20  # bytes paged in between two loading events
 
 
+def devices() -> list[dict[str, Any]]:
+    """What this build can run on, here: ``{"device", "available", "description"}`` for the CPU,
+    each CUDA device (``"cuda:N"``; one ``"cuda"`` entry saying why where there is none) and Metal.
+    ``backend="auto"`` takes the first available GPU entry (``"cuda:0"``, else ``"metal"``), else
+    the CPU."""
+    found = [{"device": "cpu", "available": True,
+              "description": f"{os.cpu_count()} threads, kernels {_core.cpu_isa()} (this CPU runs {', '.join(_core.cpu_isas())})"}]
+    if _core.cuda_available():
+        found += [{"device": f"cuda:{n}", "available": True, "description": _core.cuda_device(n)}
+                  for n in range(_core.cuda_device_count())]
+    else:
+        found.append({"device": "cuda", "available": False, "description": _core.cuda_device()})
+    found.append({"device": "metal", "available": bool(_core.metal_available()), "description": _core.metal_device()})
+    return found
+
+
 def is_backend(name: object) -> bool:
     """Whether ``name`` is a backend :meth:`Model.load` takes: auto, cpu, cuda, cuda:N or metal."""
     return isinstance(name, str) and (name in ("auto", "cpu", "cuda", "metal") or re.fullmatch(r"cuda:[0-9]{1,6}", name) is not None)
