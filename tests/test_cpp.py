@@ -54,3 +54,36 @@ def test_example_reports_malformed_file(gguf_summary, tmp_path):
     r = subprocess.run([str(gguf_summary), str(bad)], capture_output=True, text=True)
     assert r.returncode == 1
     assert "metadata_kv_count at offset 16" in r.stderr and "cannot fit" in r.stderr
+
+
+def test_generate_example_runs_a_model_from_cpp(cpp_build, tmp_path):
+    """examples/generate (the static core alone) loads a model, evaluates token ids and samples a
+    continuation: the tokens the Python binding's session gives for the same prompt and sampler
+    (greedy, and seeded at temperature 0.8); bad options and inputs are refused with the reason."""
+    from edgerunner import _core
+    from edgerunner.model_builder import write_random_model
+
+    exe = cpp_build / "examples" / "generate"
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=2)
+    prompt = [5, 9, 200, 17]
+    model = _core.Model.load(str(path), backend="cpu")
+    for flags, sampler in (([], dict()), (["--temperature", "0.8", "--seed", "7"], dict(temperature=0.8, seed=7))):
+        r = subprocess.run([str(exe), str(path), "--tokens", ",".join(map(str, prompt)), "-n", "12", "--backend", "cpu", *flags],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        session = _core.Session(model)
+        session.eval(np.array(prompt, dtype=np.int32))
+        want = session.generate(_core.Sampler(model.config["n_vocab"], **sampler), 12, [])
+        lines = dict(line.split(": ", 1) for line in r.stdout.splitlines())
+        assert lines["generated"] == " ".join(map(str, want))
+        assert "device: cpu" in lines["model"] and lines["pieces"].count("[") == 12
+    for args, error, code in (([], "give the prompt's token ids with --tokens", 2),
+                              (["--tokens", "1,x"], "--tokens: 'x' is not a token id", 2),
+                              (["--tokens", "1", "--bogus", "1"], "unknown option --bogus", 2),
+                              (["--tokens", "1", "-n", "2.5"], "-n: '2.5' is not a whole number", 2),
+                              (["--tokens", "1", "--temperature", "-1"], "temperature must be finite and >= 0", 1),
+                              (["--tokens", "100000"], "token id 100000 at index 0 is outside the vocabulary", 1),
+                              (["--tokens", "1", "--backend", "tpu"], "unknown backend 'tpu'", 1)):
+        r = subprocess.run([str(exe), str(path), *args], capture_output=True, text=True)
+        assert r.returncode == code and error in r.stderr, r.stderr
