@@ -99,19 +99,21 @@ def test_errors_name_the_problem(tmp_path):
     assert model.backend == model.device == "cpu" and "device=cpu" in repr(model)
     if not edgerunner._core.cuda_available():
         for backend in ("cuda", "cuda:1"):
-            with pytest.raises(ValueError, match=f"backend '{backend}': (this build has no CUDA backend .rebuild with|no usable "
-                                                 "CUDA driver .none is installed|no CUDA device)"):
-                Model.load(path, backend=backend)
+            for source in (path, "no-such-org/no-such-repo:Q4_0"):  # (the second: refused before a download)
+                with pytest.raises(ValueError, match=f"backend '{backend}': (this build has no CUDA backend .rebuild with|no usable "
+                                                     "CUDA driver .none is installed|no CUDA device)"):
+                    Model.load(source, backend=backend)
     if not edgerunner._core.metal_available():
         with pytest.raises(ValueError, match="backend 'metal': "):
             Model.load(path, backend="metal")
     with pytest.raises(ValueError, match="unknown dispatch mode 'graph'"):
         Model.load(path, dispatch="graph")
     for backend in ("tpu", "cuda:", "cuda:-1", "cuda:1a", "cuda:1234567", "CUDA", "cuda: 1"):
-        with pytest.raises(ValueError, match=f"unknown backend '{re.escape(backend)}'; choose auto, cpu, cuda, cuda:N .CUDA device N. or metal"):
-            Model.load(path, backend=backend)
         with pytest.raises(ValueError, match=f"unknown backend '{re.escape(backend)}'; choose cpu, cuda, cuda:N .CUDA device N., metal or auto"):
-            edgerunner._core.Model.load(str(path), backend=backend)
+            Model.load(path, backend=backend)
+        # refused before the source is looked up: nothing is fetched for a load that cannot run
+        with pytest.raises(ValueError, match=f"unknown backend '{re.escape(backend)}'"):
+            Model.load("no-such-org/no-such-repo:Q4_0", backend=backend)
     with pytest.raises(ValueError, match="has no .role."):
         model.chat([{"content": "no role"}])
 

@@ -100,7 +100,7 @@ const std::string& Model::backend() const { return impl_->backend; }
 const std::string& Model::device() const { return impl_->device; }
 int64_t Model::n_ctx() const { return impl_->n_ctx; }
 
-std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& options) {
+void Model::check_options(const LoadOptions& options) {
     if (options.n_ctx < 0) throw std::invalid_argument("n_ctx must be positive (or 0 for the model's default)");
     if (options.n_ctx > std::numeric_limits<int32_t>::max())
         throw std::invalid_argument("n_ctx=" + std::to_string(options.n_ctx) + " is more positions than the engine addresses (at most " +
@@ -110,7 +110,12 @@ std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
     if (options.dispatch != "auto" && options.dispatch != "eager" && options.dispatch != "argument_buffers" && options.dispatch != "recorded")
         throw std::invalid_argument("unknown dispatch mode '" + options.dispatch + "'; choose eager, argument_buffers, recorded or auto");
     parse_kv_type(options.kv_type);
+    int gpu = 0;
+    resolve_backend(options, &gpu);
+}
 
+std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& options) {
+    check_options(options);
     std::shared_ptr<Model> model(new Model());
     int gpu = 0;
     std::string backend = resolve_backend(options, &gpu);

@@ -69,6 +69,19 @@ void touch_mapped(const GGUFFile& f, uint64_t begin, uint64_t end) {
     }
 }
 
+LoadOptions load_options(int64_t n_ctx, const std::string& kv_type, bool precise, int n_threads, int64_t prefill_chunk,
+                         const std::string& backend, const std::string& dispatch) {
+    LoadOptions o;
+    o.backend = backend;
+    o.dispatch = dispatch;
+    o.n_ctx = n_ctx;
+    o.kv_type = kv_type;
+    o.precise = precise;
+    o.n_threads = n_threads;
+    o.prefill_chunk = prefill_chunk;
+    return o;
+}
+
 }  // namespace
 
 void bind_engine(nb::module_& m) {
@@ -87,18 +100,17 @@ void bind_engine(nb::module_& m) {
     nb::class_<Model>(m, "Model")
         .def_static("load", [](const std::string& path, int64_t n_ctx, const std::string& kv_type, bool precise,
                                int n_threads, int64_t prefill_chunk, const std::string& backend, const std::string& dispatch) {
-            LoadOptions o;
-            o.backend = backend;
-            o.dispatch = dispatch;
-            o.n_ctx = n_ctx;
-            o.kv_type = kv_type;
-            o.precise = precise;
-            o.n_threads = n_threads;
-            o.prefill_chunk = prefill_chunk;
+            const LoadOptions o = load_options(n_ctx, kv_type, precise, n_threads, prefill_chunk, backend, dispatch);
             nb::gil_scoped_release release;
             return Model::load(path, o);
         }, nb::arg("path"), nb::arg("n_ctx") = 0, nb::arg("kv_type") = "f16", nb::arg("precise") = false,
            nb::arg("n_threads") = 0, nb::arg("prefill_chunk") = 256, nb::arg("backend") = "auto", nb::arg("dispatch") = "auto")
+        .def_static("check_options", [](int64_t n_ctx, const std::string& kv_type, bool precise, int n_threads, int64_t prefill_chunk,
+                                        const std::string& backend, const std::string& dispatch) {
+            Model::check_options(load_options(n_ctx, kv_type, precise, n_threads, prefill_chunk, backend, dispatch));
+        }, nb::arg("n_ctx") = 0, nb::arg("kv_type") = "f16", nb::arg("precise") = false, nb::arg("n_threads") = 0,
+           nb::arg("prefill_chunk") = 256, nb::arg("backend") = "auto", nb::arg("dispatch") = "auto",
+           "Raises ValueError for options no model loads with (load's checks before it reads the file).")
         .def_prop_ro("backend", &Model::backend)
         .def_prop_ro("device", &Model::device, "'cpu', 'cuda:N' (N: the CUDA device index) or 'metal'.")
         .def_prop_ro("config", [](const Model& mo) { return config_dict(mo.config()); })

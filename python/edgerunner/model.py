@@ -52,7 +52,8 @@ def devices() -> list[dict[str, Any]]:
 
 
 def is_backend(name: object) -> bool:
-    """Whether ``name`` is a backend :meth:`Model.load` takes: auto, cpu, cuda, cuda:N or metal."""
+    """Whether ``name`` is spelled as a backend :meth:`Model.load` takes: auto, cpu, cuda, cuda:N or
+    metal (whether this build and machine have it, load says)."""
     return isinstance(name, str) and (name in ("auto", "cpu", "cuda", "metal") or re.fullmatch(r"cuda:[0-9]{1,6}", name) is not None)
 
 
@@ -125,17 +126,16 @@ class Model:
         events = EventSink(on_event)
         events.emit(Stage.IDLE, message=f"loading {source if source is not None else builtin_models.DEFAULT_MODEL}")
         try:
-            if not is_backend(backend):
-                raise ValueError(f"unknown backend {backend!r}; choose auto, cpu, cuda, cuda:N (CUDA device N) or metal")
+            options = dict(n_ctx=int(n_ctx or 0), kv_type=kv_type, precise=precise, n_threads=int(threads or 0),
+                           prefill_chunk=int(prefill_chunk), backend=backend, dispatch=dispatch)
+            _core.Model.check_options(**options)  # (before a download: a backend that is not here fails now)
             path = str(sources.resolve(source, revision=revision, report=lambda done, total, message: events.emit(
                 Stage.DOWNLOADING, done, total, message)))
             file = gguf.open(path)
             total = file.file_size  # every shard
             name = os.path.basename(path)
             events.emit(Stage.LOADING, 0, total, f"building the engine for {name}")
-            native = _core.Model.load(path, n_ctx=int(n_ctx or 0), kv_type=kv_type, precise=precise,
-                                      n_threads=int(threads or 0), prefill_chunk=int(prefill_chunk), backend=backend,
-                                      dispatch=dispatch)
+            native = _core.Model.load(path, **options)
             if prewarm and native.backend == "cpu":
                 for begin in range(0, total, _TOUCH_CHUNK):
                     end = min(total, begin + _TOUCH_CHUNK)

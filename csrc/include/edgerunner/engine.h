@@ -43,6 +43,10 @@ public:
     // Throws GGUFError (malformed file), std::invalid_argument (unsupported model/options) or
     // OutOfMemory (a GPU backend's copy of the weights does not fit in the device's free memory).
     static std::shared_ptr<Model> load(const std::string& path, const LoadOptions& options);
+    // What load checks before it reads the file: throws std::invalid_argument for options no model
+    // loads with (a bad value; a backend this build or machine does not have, or cuda:N past its
+    // devices), so a caller that fetches models first can refuse before it downloads.
+    static void check_options(const LoadOptions& options);
     ~Model();
 
     const ModelConfig& config() const;
