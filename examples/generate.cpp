@@ -34,7 +34,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
             id = std::stoll(item, &used);
         } catch (const std::exception&) {
         }
-        if (item.empty() || used != item.size() || id < 0 || id > INT32_MAX)
+        if (item.empty() || used != item.size() || id < 0 || id > std::numeric_limits<int32_t>::max())
             throw std::invalid_argument("--tokens: '" + item + "' is not a token id (give ids like 1,2,3)");
         ids.push_back(static_cast<int32_t>(id));
         if (comma == std::string::npos) break;
