@@ -571,8 +571,10 @@ def test_cuda_models_on_two_gpus(tmp_path):
 
     rt = cuda_runtime()
     path = tmp_path / "m.gguf"
-    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=6)  # 2 layers, 2 KiB of f16 K and V a token
-    n_ctx = 2**19  # a 1 GiB cache
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=6)
+    cpu = _core.Model.load(str(path), backend="cpu", n_ctx=64)
+    c = cpu.config
+    n_ctx = 2**30 // (c["n_layer"] * 2 * c["n_head_kv"] * c["head_dim"] * 2)  # a 1 GiB f16 cache
     before = [gpu_free_bytes(rt, d) for d in (0, 1)]
     m1 = _core.Model.load(str(path), backend="cuda:1", n_ctx=n_ctx)
     s1 = _core.Session(m1)
@@ -582,7 +584,6 @@ def test_cuda_models_on_two_gpus(tmp_path):
     assert (m1.backend, m1.device) == ("cuda", "cuda:1")
 
     m0 = _core.Model.load(str(path), backend="cuda:0", n_ctx=n_ctx)
-    cpu = _core.Model.load(str(path), backend="cpu", n_ctx=64)
     ids = prompt(np.random.default_rng(4), 24)
     l1 = s1.eval_all(ids)
     l0 = _core.Session(m0).eval_all(ids)
