@@ -141,6 +141,10 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off (default 1.0)")
     g.add_argument("--seed", type=int, default=None, help="fixed seed: the same text every run")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    _add_model_args(p)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("model")
     m.add_argument("--n-ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
     m.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
@@ -266,6 +270,26 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from edgerunner.server import Server
+
+    if args.model is None:
+        _say("serving the built-in default model (smollm2-135m-instruct); name a .gguf or a hub model to serve another")
+    model = _load(args, args.model)
+    if model.chat_template is None:
+        _say("this model has no chat template: chat requests use a generic ChatML template")
+    server = Server(model, args.host, args.port, log=True)
+    _say(f"serving {server.name} ({model.device}) on {server.url}: POST /v1/chat/completions, /v1/completions; "
+         "GET /v1/models, /health (Ctrl-C stops)")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        _say("stopped")
+    finally:
+        server.server_close()
+    return 0
+
+
 def cmd_devices(args: argparse.Namespace) -> int:
     from edgerunner import devices
 
@@ -325,6 +349,13 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", default=None, help="system message")
     _add_generation_args(chat)
     chat.set_defaults(func=cmd_chat)
+
+    serve = sub.add_parser("serve", help="serve a model over HTTP with the OpenAI API (chat and text completions)")
+    serve.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + " (default: the built-in default)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: a free one)")
+    _add_model_args(serve)
+    serve.set_defaults(func=cmd_serve)
 
     devs = sub.add_parser("devices", help="list what this build can run on here: the CPU, CUDA devices (cuda:N), Metal")
     devs.add_argument("--json", action="store_true", help="print JSON instead of text")
