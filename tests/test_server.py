@@ -201,3 +201,17 @@ def test_the_cli_serves_until_ctrl_c(tmp_path):
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and "edgerunner: stopped" in err and "Traceback" not in err
+
+
+def test_one_connection_serves_request_after_request(served):
+    """Keep-alive: an error (a 404 with a body, a bad field) leaves the connection usable, and the
+    replies come in order on it."""
+    host, port = served.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    for path, body, status in (("/v1/embeddings", {"input": "x"}, 404), ("/v1/chat/completions", {"messages": []}, 400),
+                               ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "temperature": 0}, 200)):
+        conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == status, response.read()
+        response.read()
+    conn.close()

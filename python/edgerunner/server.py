@@ -160,11 +160,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         chat = self.path == "/v1/chat/completions"
+        try:
+            body = self._body()  # (read whatever the path: the connection's next request starts after it)
+        except RequestError as e:
+            self.close_connection = True  # (a body not read, or not all of it)
+            self._error(400, str(e), param=e.param, code=e.code)
+            return
         if not chat and self.path != "/v1/completions":
             self._error(404, f"no such path: POST {self.path} (POST /v1/chat/completions, /v1/completions)", code="not_found")
             return
         try:
-            body = self._body()
             self._complete(body, chat)
         except RequestError as e:
             self._error(400, str(e), param=e.param, code=e.code)
