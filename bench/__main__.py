@@ -26,79 +26,15 @@ import re
 import statistics
 import subprocess
 import sys
-import time
 from typing import Any
 
-import numpy as np
-
 from edgerunner import _core, gguf, sources
-
-
-def weight_bytes_per_token(f: gguf.GGUFFile) -> int:
-    """Bytes a decode step reads: every matrix, the LM head; of the embedding only one row."""
-    names = {t.name for t in f.tensors}
-    total = 0
-    for t in f.tensors:
-        if t.name == "token_embd.weight" and "output.weight" in names:
-            total += t.n_bytes // t.shape[1]
-        else:
-            total += t.n_bytes
-    return total
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def stats(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "values": values}
+from edgerunner.benchmark import measure, weight_bytes_per_token
 
 
 def bench_ours(path: str, args: argparse.Namespace, dispatch: str = "auto") -> dict[str, Any]:
-    rss0 = rss_bytes()
-    model = _core.Model.load(path, n_ctx=args.depth + max(args.pp, args.tg) + 8, n_threads=args.threads, kv_type=args.kv_type,
-                             prefill_chunk=args.chunk, backend=args.backend, dispatch=dispatch)
-    session = _core.Session(model)
-    n_vocab = model.config["n_vocab"]
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, n_vocab, size=args.pp).astype(np.int32)
-    context = rng.integers(0, n_vocab, size=args.depth).astype(np.int32)  # already there when timing starts
-    session.eval(prompt[:16])  # warm-up: touches the weights and every kernel once
-    rss_loaded = rss_bytes() - rss0
-
-    def start(ids: np.ndarray) -> np.ndarray:
-        """Rewind to the context (evaluated here, untimed); returns the context then `ids`, whose
-        evaluation reuses the context and computes only `ids`."""
-        session.rewind(0)
-        if args.depth:
-            session.eval(context)
-        return np.concatenate([context, ids]) if args.depth else ids
-
-    pp = []
-    for rep in range(args.reps + 1):
-        ids = start(prompt)
-        t0 = time.perf_counter()
-        session.eval(ids)
-        dt = time.perf_counter() - t0
-        if rep:
-            pp.append(args.pp / dt)
-    greedy = _core.Sampler(n_vocab)
-    tg = []
-    for rep in range(args.reps + 1):
-        session.eval(start(prompt[:1]))
-        t0 = time.perf_counter()
-        session.generate(greedy, args.tg + 1, [])  # tg decode steps (+ greedy sampling)
-        dt = time.perf_counter() - t0
-        if rep:
-            tg.append(args.tg / dt)
-    c = model.config
-    kv_bytes = c["n_layer"] * 2 * model.n_ctx * c["n_head_kv"] * c["head_dim"] * {"f32": 4, "f16": 2, "q8_0": 34 / 32}[args.kv_type]
-    return {"pp": stats(pp), "tg": stats(tg), "rss_after_load": rss_loaded, "kv_bytes": kv_bytes, "isa": _core.cpu_isa()}
+    return measure(path, pp=args.pp, tg=args.tg, depth=args.depth, reps=args.reps, threads=args.threads, kv_type=args.kv_type,
+                   chunk=args.chunk, backend=args.backend, dispatch=dispatch)
 
 
 def bench_peer(peer: str, path: str, args: argparse.Namespace) -> dict[str, Any]:

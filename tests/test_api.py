@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -141,6 +142,7 @@ def test_cli_chat_keeps_the_conversation():
 
 
 def test_cli_errors(tmp_path):
+    write_random_model(tmp_path / "bench.gguf", arch="llama", preset="tiny", seed=2)
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF\x03\0\0\0" + b"\xff" * 16)
     r = run_cli("run", str(bad), "hi")
@@ -155,6 +157,12 @@ def test_cli_errors(tmp_path):
         assert "Load the model with n_ctx=" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("run", "a", "b", "c")
     assert r.returncode != 0 and "at most a model and one prompt" in r.stderr
+    r = run_cli("bench", str(tiny_bench := tmp_path / "bench.gguf"), "--pp", "16", "--tg", "8", "--reps", "2", "--json")
+    result = json.loads(r.stdout)
+    assert r.returncode == 0 and result["model"] == "bench.gguf" and result["device"] == "cpu", r.stderr
+    assert all(len(result[k]["values"]) == 2 and min(result[k]["values"]) > 0 for k in ("pp", "tg"))
+    r = run_cli("bench", str(tiny_bench), "--tg", "0")
+    assert r.returncode == 2 and "argument --tg: 0 is less than 1" in r.stderr
     r = run_cli("devices")
     assert r.returncode == 0 and r.stdout.startswith("cpu ") and "--backend auto picks " in r.stdout
     r = run_cli("run", "a", "--backend", "cuda:x")

@@ -131,6 +131,18 @@ def _backend(name: str) -> str:
     return name
 
 
+def _count(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is less than {low}")
+        return value
+    return parse
+
+
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("generation")
     g.add_argument("-n", "--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
@@ -144,12 +156,16 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     _add_model_args(p)
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def _add_model_args(p: argparse.ArgumentParser, context: bool = True) -> None:
+    """The load options; `context`: also --n-ctx and --precise (bench sizes its own context and
+    measures the fast mode)."""
     m = p.add_argument_group("model")
-    m.add_argument("--n-ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
+    if context:
+        m.add_argument("--n-ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
     m.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
     m.add_argument("--kv-type", default="f16", choices=["f16", "f32", "q8_0"], help="KV cache precision")
-    m.add_argument("--precise", action="store_true", help="float32 activations and KV cache (slower)")
+    if context:
+        m.add_argument("--precise", action="store_true", help="float32 activations and KV cache (slower)")
     m.add_argument("--backend", default="auto", type=_backend, metavar="{auto,cpu,cuda,cuda:N,metal}",
                    help="where to run (default auto: a GPU backend when this build has one and a GPU is present; "
                         "cuda:N: CUDA device N)")
@@ -290,6 +306,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from edgerunner import _core, sources
+    from edgerunner.benchmark import measure
+
+    _core.Model.check_options(kv_type=args.kv_type, backend=args.backend)  # (before a download)
+    if args.model is None:
+        _say("measuring the built-in default model (smollm2-135m-instruct); name a .gguf or a hub model to measure another")
+    path = str(sources.resolve(args.model, revision=args.revision))
+    name = os.path.basename(path)
+    _say(f"measuring {name}: a {args.pp}-token prompt and {args.tg} generated tokens, "
+         f"{args.reps} time{'s' if args.reps != 1 else ''} after a warm-up")
+    result = measure(path, pp=args.pp, tg=args.tg, depth=args.depth, reps=args.reps, threads=args.threads or 0,
+                     kv_type=args.kv_type, backend=args.backend)
+    if args.json:
+        print(json.dumps({"model": name, **result}, indent=2))
+        return 0
+    at = f" at depth {args.depth}" if args.depth else ""
+    where = result["device"] + (f", {args.threads or os.cpu_count()} threads, {result['isa']}" if result["device"] == "cpu" else "")
+    print(f"{name} on {where}{at}")
+    for key, what in (("pp", f"prompt of {args.pp} tokens"), ("tg", f"{args.tg} tokens generated, greedy")):
+        s = result[key]
+        print(f"  {key}{getattr(args, key)}: {s['mean']:9.1f} ± {s['std']:.1f} tok/s   ({what})")
+    print(f"  memory: {result['rss_after_load'] / 2**20:.0f} MiB resident after load (KV cache {result['kv_bytes'] / 2**20:.1f} MiB)")
+    return 0
+
+
 def cmd_devices(args: argparse.Namespace) -> int:
     from edgerunner import devices
 
@@ -356,6 +398,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: a free one)")
     _add_model_args(serve)
     serve.set_defaults(func=cmd_serve)
+
+    bench = sub.add_parser("bench", help="measure prefill and decode speed (tokens/s) of a model here, as llama-bench does")
+    bench.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + " (default: the built-in default)")
+    bench.add_argument("--pp", type=_count(1), default=512, help="prompt tokens evaluated at once (default 512)")
+    bench.add_argument("--tg", type=_count(1), default=128, help="tokens generated one at a time (default 128)")
+    bench.add_argument("--depth", type=_count(0), default=0, help="tokens already in the context when each starts (default 0)")
+    bench.add_argument("--reps", type=_count(1), default=3, help="repetitions after a warm-up (default 3)")
+    bench.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _add_model_args(bench, context=False)
+    bench.set_defaults(func=cmd_bench)
 
     devs = sub.add_parser("devices", help="list what this build can run on here: the CPU, CUDA devices (cuda:N), Metal")
     devs.add_argument("--json", action="store_true", help="print JSON instead of text")
