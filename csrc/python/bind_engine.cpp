@@ -71,15 +71,7 @@ void touch_mapped(const GGUFFile& f, uint64_t begin, uint64_t end) {
 
 LoadOptions load_options(int64_t n_ctx, const std::string& kv_type, bool precise, int n_threads, int64_t prefill_chunk,
                          const std::string& backend, const std::string& dispatch) {
-    LoadOptions o;
-    o.backend = backend;
-    o.dispatch = dispatch;
-    o.n_ctx = n_ctx;
-    o.kv_type = kv_type;
-    o.precise = precise;
-    o.n_threads = n_threads;
-    o.prefill_chunk = prefill_chunk;
-    return o;
+    return LoadOptions{n_ctx, kv_type, precise, n_threads, prefill_chunk, backend, dispatch};  // (its fields' order)
 }
 
 }  // namespace
