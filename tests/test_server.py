@@ -215,3 +215,24 @@ def test_one_connection_serves_request_after_request(served):
         assert response.status == status, response.read()
         response.read()
     conn.close()
+
+
+def test_an_api_key_is_required_where_set(served):
+    """With an API key, /v1 requests without it (or with another) get a 401; /health stays open."""
+    served.api_key = "sesame"
+    try:
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "sesame"}):
+            host, port = served.server_address[:2]
+            conn = http.client.HTTPConnection(host, port, timeout=60)
+            conn.request("GET", "/v1/models", headers=headers)
+            response = conn.getresponse()
+            error = json.loads(response.read())["error"]
+            assert response.status == 401 and error["code"] == "invalid_api_key" and "Bearer" in error["message"]
+            conn.close()
+        assert request(served, "GET", "/health")[0] == 200
+        conn = http.client.HTTPConnection(host, port, timeout=60)
+        conn.request("GET", "/v1/models", headers={"Authorization": "Bearer sesame"})
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        served.api_key = None

@@ -294,7 +294,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model = _load(args, args.model)
     if model.chat_template is None:
         _say("this model has no chat template: chat requests use a generic ChatML template")
-    server = Server(model, args.host, args.port, log=True)
+    server = Server(model, args.host, args.port, log=True, api_key=args.api_key or os.environ.get("EDGERUNNER_API_KEY"))
     _say(f"serving {server.name} ({model.device}) on {server.url}: POST /v1/chat/completions, /v1/completions; "
          "GET /v1/models, /health (Ctrl-C stops)")
     try:
@@ -396,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + " (default: the built-in default)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: a free one)")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 requests "
+                                                       "(default: $EDGERUNNER_API_KEY, else none)")
     _add_model_args(serve)
     serve.set_defaults(func=cmd_serve)
 

@@ -11,11 +11,13 @@ model ends its turn or the context is full), ``temperature`` (default 1), ``top_
 ``stream``, and llama.cpp's ``top_k``, ``min_p`` and ``repeat_penalty``. One generation runs at a
 time: the model has one KV cache, and a request waits for the one before it (each then reuses the
 prefix it shares with the last). Errors come back as ``{"error": {"message", "type", "param",
-"code"}}`` with status 400 (the request), 404 (the path) or 500 (the engine).
+"code"}}`` with status 400 (the request), 401 (no or a wrong API key, where the server has one),
+404 (the path) or 500 (the engine).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import sys
@@ -96,9 +98,10 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, model: Model, host: str = "127.0.0.1", port: int = 8080, name: str | None = None,
-                 log: bool = False):
+                 log: bool = False, api_key: str | None = None):
         self.model = model
         self.log = log  # a line per request on stderr
+        self.api_key = api_key  # where set, every /v1 request must carry "Authorization: Bearer <key>"
         self.name = name or os.path.splitext(os.path.basename(model.path))[0]
         self.fallback = model.chat_template is None  # (a generic ChatML template then)
         self.generating = threading.Lock()  # one generation at a time: the model has one KV cache
@@ -146,9 +149,22 @@ class _Handler(BaseHTTPRequestHandler):
             raise RequestError("the request body must be a JSON object")
         return body
 
+    def _authorized(self) -> bool:
+        """Whether the request may go on (an API key set and not given: a 401 is sent)."""
+        key = self.server.api_key
+        if not key or not self.path.startswith("/v1/"):
+            return True
+        given = self.headers.get("Authorization", "")
+        if given.startswith("Bearer ") and hmac.compare_digest(given[len("Bearer "):].encode(), key.encode()):
+            return True
+        self._error(401, "this server needs an API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+        return False
+
     # ---- routes ---------------------------------------------------------------------------
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if not self._authorized():
+            return
         if self.path == "/health":
             self._send_json(200, {"status": "ok"})
         elif self.path == "/v1/models":
@@ -165,6 +181,8 @@ class _Handler(BaseHTTPRequestHandler):
         except RequestError as e:
             self.close_connection = True  # (a body not read, or not all of it)
             self._error(400, str(e), param=e.param, code=e.code)
+            return
+        if not self._authorized():
             return
         if not chat and self.path != "/v1/completions":
             self._error(404, f"no such path: POST {self.path} (POST /v1/chat/completions, /v1/completions)", code="not_found")
