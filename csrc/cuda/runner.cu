@@ -923,7 +923,7 @@ std::string unsupported(const ModelConfig& c, const Plan& plan) {
 namespace {
 
 // A Runner made, called and released with its GPU current (OnGpu), whichever device the calling
-// thread has: one device query a call (a thread-local read), and a switch only where it differs.
+// thread has: one cudaGetDevice a call, and a switch only where it differs.
 class OnGpuRunner final : public StepRunner {
 public:
     OnGpuRunner(int gpu, std::unique_ptr<Runner> runner) : gpu_(gpu), runner_(std::move(runner)) {}
