@@ -287,7 +287,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+
     from edgerunner.server import Server
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # (SIGTERM, a service manager's stop, ends the server as Ctrl-C does)
 
     if args.model is None:
         _say("serving the built-in default model (smollm2-135m-instruct); name a .gguf or a hub model to serve another")
@@ -297,6 +302,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = Server(model, args.host, args.port, log=True, api_key=args.api_key or os.environ.get("EDGERUNNER_API_KEY"))
     _say(f"serving {server.name} ({model.device}) on {server.url}: POST /v1/chat/completions, /v1/completions; "
          "GET /v1/models, /health (Ctrl-C stops)")
+    signal.signal(signal.SIGTERM, stop)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
