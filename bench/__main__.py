@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from typing import Any
 
 from edgerunner import _core, gguf, sources
 from edgerunner.benchmark import measure, weight_bytes_per_token
+from edgerunner.model import is_backend
 
 
 def bench_ours(path: str, args: argparse.Namespace, dispatch: str = "auto") -> dict[str, Any]:
@@ -77,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
 
-    cuda_gpu = 0 if args.backend == "cuda" else int(args.backend[5:]) if re.fullmatch(r"cuda:[0-9]{1,6}", args.backend) else None
-    if args.backend not in ("cpu", "metal") and cuda_gpu is None:
+    if not is_backend(args.backend) or args.backend == "auto":
         p.error(f"unknown backend {args.backend!r}: choose cpu, cuda, cuda:N or metal")
+    cuda_gpu = int(args.backend.partition(":")[2] or 0) if args.backend.startswith("cuda") else None
     if cuda_gpu is not None:
         if not _core.cuda_available() or cuda_gpu >= _core.cuda_device_count():
             p.error(f"--backend {args.backend}: {_core.cuda_device(cuda_gpu)}")

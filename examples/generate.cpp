@@ -22,27 +22,6 @@ const char* kUsage =
     "usage: %s MODEL.gguf --tokens ID,ID,... [-n N] [--backend auto|cpu|cuda|cuda:N|metal] [--n-ctx N]\n"
     "                [--temperature T] [--top-k K] [--top-p P] [--seed S]\n";
 
-std::vector<int32_t> parse_ids(const std::string& text) {
-    std::vector<int32_t> ids;
-    size_t at = 0;
-    while (at <= text.size()) {
-        const size_t comma = text.find(',', at);
-        const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-        size_t used = 0;
-        long long id = -1;
-        try {
-            id = std::stoll(item, &used);
-        } catch (const std::exception&) {
-        }
-        if (item.empty() || used != item.size() || id < 0 || id > std::numeric_limits<int32_t>::max())
-            throw std::invalid_argument("--tokens: '" + item + "' is not a token id (give ids like 1,2,3)");
-        ids.push_back(static_cast<int32_t>(id));
-        if (comma == std::string::npos) break;
-        at = comma + 1;
-    }
-    return ids;
-}
-
 // `value` as a number for `flag` (all of it), or an error naming both.
 template <typename T>
 T number(const std::string& flag, const std::string& value) {
@@ -61,6 +40,24 @@ T number(const std::string& flag, const std::string& value) {
     } catch (const std::exception&) {
     }
     throw std::invalid_argument(flag + ": '" + value + "' is not " + (std::is_integral_v<T> ? "a whole number" : "a number"));
+}
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+    std::vector<int32_t> ids;
+    size_t at = 0;
+    while (true) {
+        const size_t comma = text.find(',', at);
+        const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+        int32_t id = -1;
+        try {
+            id = number<int32_t>("--tokens", item);
+        } catch (const std::invalid_argument&) {
+        }
+        if (id < 0) throw std::invalid_argument("--tokens: '" + item + "' is not a token id (give ids like 1,2,3)");
+        ids.push_back(id);
+        if (comma == std::string::npos) return ids;
+        at = comma + 1;
+    }
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {

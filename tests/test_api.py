@@ -14,7 +14,7 @@ import pytest
 import edgerunner
 from edgerunner import Model
 from edgerunner.model_builder import write_random_model
-from test_engine import available_memory
+from test_engine import FAST_TOLERANCE, available_memory
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,8 @@ def test_logits_api(smollm2):
 def test_devices_say_what_each_backend_gets(tmp_path):
     """edgerunner.devices() lists the CPU first, then each CUDA device as cuda:N (or one cuda entry
     saying why there is none), then Metal; backend='auto' gets the first available GPU entry, and
-    every available entry loads as that device."""
+    every available entry loads as that device and gives the CPU backend's logits within the fast
+    path's bound (FAST_TOLERANCE of the logit range)."""
     found = edgerunner.devices()
     names = [d["device"] for d in found]
     assert names[0] == "cpu" and found[0]["available"] and names[-1] == "metal"
@@ -80,11 +81,14 @@ def test_devices_say_what_each_backend_gets(tmp_path):
     path = tmp_path / "m.gguf"
     write_random_model(path, arch="llama", preset="tiny", seed=0)
     assert Model.load(path, n_ctx=32).device == next((d["device"] for d in found[1:] if d["available"]), "cpu")
-    for d in found:
+    cpu = Model.load(path, n_ctx=32, backend="cpu")
+    assert (cpu.device, cpu.backend) == ("cpu", "cpu")
+    want = cpu.logits([1, 2, 3])
+    for d in found[1:]:
         if d["available"]:
             model = Model.load(path, n_ctx=32, backend=d["device"])
             assert model.device == d["device"] and model.backend == d["device"].split(":")[0]
-            assert model.generate([1, 2, 3], max_tokens=2, temperature=0.0, ignore_eos=True) is not None
+            assert np.abs(model.logits([1, 2, 3]) - want).max() <= FAST_TOLERANCE * np.abs(want).max()
 
 
 def test_errors_name_the_problem(tmp_path):

@@ -100,7 +100,10 @@ const std::string& Model::backend() const { return impl_->backend; }
 const std::string& Model::device() const { return impl_->device; }
 int64_t Model::n_ctx() const { return impl_->n_ctx; }
 
-void Model::check_options(const LoadOptions& options) {
+namespace {
+
+// load's checks that need no file; returns the backend the options resolve to (and its GPU).
+std::string checked_backend(const LoadOptions& options, int* gpu) {
     if (options.n_ctx < 0) throw std::invalid_argument("n_ctx must be positive (or 0 for the model's default)");
     if (options.n_ctx > std::numeric_limits<int32_t>::max())
         throw std::invalid_argument("n_ctx=" + std::to_string(options.n_ctx) + " is more positions than the engine addresses (at most " +
@@ -110,15 +113,20 @@ void Model::check_options(const LoadOptions& options) {
     if (options.dispatch != "auto" && options.dispatch != "eager" && options.dispatch != "argument_buffers" && options.dispatch != "recorded")
         throw std::invalid_argument("unknown dispatch mode '" + options.dispatch + "'; choose eager, argument_buffers, recorded or auto");
     parse_kv_type(options.kv_type);
+    return resolve_backend(options, gpu);
+}
+
+}  // namespace
+
+void Model::check_options(const LoadOptions& options) {
     int gpu = 0;
-    resolve_backend(options, &gpu);
+    checked_backend(options, &gpu);
 }
 
 std::shared_ptr<Model> Model::load(const std::string& path, const LoadOptions& options) {
-    check_options(options);
-    std::shared_ptr<Model> model(new Model());
     int gpu = 0;
-    std::string backend = resolve_backend(options, &gpu);
+    std::string backend = checked_backend(options, &gpu);
+    std::shared_ptr<Model> model(new Model());
     model->impl_ = std::make_unique<Impl>(GGUFFile::open(path), options, std::move(backend));
     Impl& m = *model->impl_;
     m.gpu = gpu;
