@@ -316,17 +316,20 @@ def test_cuda_dispatch_modes_give_identical_logits(tmp_path):
 
 # greedy; temperature alone (every token a candidate); top-k (the candidates sorted in shared
 # memory) with top-p and min-p, up to k = 1024; k = 1025 and top-p or min-p alone (the threshold
-# searches over the whole vocabulary)
+# searches over the whole vocabulary); then bias and penalties (the penalize kernel before the
+# sampler, over the token history the embedding keeps on the device: the prompt's and the draws')
 SAMPLING = [dict(), dict(temperature=0.8), dict(temperature=0.8, top_k=40), dict(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05),
             dict(temperature=0.7, top_k=1024), dict(temperature=1.2, top_k=1025), dict(temperature=0.9, top_p=0.8),
-            dict(temperature=1.5, min_p=0.1)]
+            dict(temperature=1.5, min_p=0.1), dict(repetition_penalty=1.5),
+            dict(temperature=0.9, top_k=40, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2, penalty_last_n=8),
+            dict(temperature=0.8, frequency_penalty=0.5, penalty_last_n=-1, logit_bias={7: -np.inf, 100: 3.0, 5002: -1.5})]
 
 
 @pytest.mark.parametrize("params", SAMPLING, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "greedy")
 def test_cuda_sampling_matches_the_cpu_sampler(tmp_path, params):
     """Each token drawn on the device (at the end of a decode step) is the one the CPU sampler
-    draws from that step's logits with the same seed and step: 24 draws over a vocabulary of
-    5003 (float4 loads and a scalar tail)."""
+    draws from that step's logits with the same seed, step and history: 24 draws over a
+    vocabulary of 5003 (float4 loads and a scalar tail)."""
     from edgerunner.model_builder import write_random_model
 
     path = tmp_path / "m.gguf"
@@ -338,7 +341,7 @@ def test_cuda_sampling_matches_the_cpu_sampler(tmp_path, params):
     token = 7
     for step in range(24):
         token = s.append_sampled(token, sampler)
-        want = sampler.sample(s.logits(), [], len(s.tokens))
+        want = sampler.sample(s.logits(), np.asarray(s.tokens, np.int32), len(s.tokens))
         assert token == want, f"draw {step}: device {token}, CPU {want}"
 
 
@@ -415,6 +418,38 @@ def test_cuda_chained_generation_equals_step_by_step(tmp_path):
     assert len(full[0]) == 10 and len(full[1]) == len(ids) + 10
     assert stopped[0][-1] == full[0][5] and len(stopped[1]) == len(ids) + len(stopped[0]) - 1
     assert len(filled[1]) == len(ids) + 12  # the context is full
+
+
+@pytest.mark.parametrize("dispatch", DISPATCH)
+def test_cuda_penalties_follow_the_history_through_chains(tmp_path, dispatch):
+    """generate() with bias and penalties: recorded dispatch chains the steps (three in flight,
+    each penalized over a history whose last tokens were drawn on the device and never seen by
+    the host in between); the others draw on the device step by step. Every token is the CPU
+    sampler's on logits of the same model (eager dispatch, bit-equal to the others) with the full
+    history: a prompt that repeats tokens, penalty windows of 3 and of the whole history, a bias
+    that bans the greedy choice; then a second generation with other parameters on the same
+    session (the bias table replaced, the chain's graphs of the penalized kind reused)."""
+    from edgerunner.model_builder import write_random_model
+
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=9)
+    model = _core.Model.load(str(path), backend="cuda", dispatch=dispatch)
+    ref = _core.Model.load(str(path), backend="cuda", dispatch="eager")
+    n_vocab = model.config["n_vocab"]
+    ids = list(prompt(np.random.default_rng(3), 6)) * 3
+    s, r = _core.Session(model), _core.Session(ref)
+    s.eval(ids)
+    r.eval(ids)
+    for params in (dict(temperature=0.9, repetition_penalty=1.4, frequency_penalty=0.3, penalty_last_n=3, seed=5),
+                   dict(presence_penalty=2.0, penalty_last_n=-1, logit_bias={int(np.argmax(r.logits())): -np.inf, 3: 0.5}, seed=6)):
+        out = s.generate(_core.Sampler(n_vocab, **params), 20, [])
+        sampler = _core.Sampler(n_vocab, **params)
+        for i, token in enumerate(out):
+            want = sampler.sample(r.logits(), np.asarray(r.tokens, np.int32), len(r.tokens))
+            assert token == want, f"{params}: token {i}: {dispatch} drew {token}, CPU sampler {want}"
+            r.append(token)
+        s.append(out[-1])  # (generate leaves its last draw out of the cache)
+        assert list(s.tokens) == list(r.tokens)
 
 
 GEMMA3 = [("F32", {}), ("Q8_0", dict(n_kv_heads=2)), ("Q4_K", dict(dim=256, ffn_dim=512))]

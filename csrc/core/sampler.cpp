@@ -1,10 +1,12 @@
 // CPU token sampler: the reference every GPU sampler reproduces.
 //
 // Contract. l = the logits (float32, n_vocab); steps 1-3 work on a float32 copy.
-//  1. logit bias      l[t] += bias[t]; entries for one token add up; -inf bans t.
+//  1. logit bias      l[t] += bias[t], bias[t] the float sum of t's entries in their order
+//                     (merged_bias); -inf bans t.
 //  2. repetition      W = the last penalty_last_n tokens of history (-1: all, 0: none). Each
 //                     distinct t in W once: l[t] = l[t] > 0 ? l[t] / p : l[t] * p.
-//  3. presence/freq.  l[t] -= presence * (c > 0) + frequency * c, c = count of t in W.
+//  3. presence/freq.  l[t] -= presence + frequency * c, c = count of t in W (> 0), in float32:
+//                     the product rounded, then the sum, then the difference (no fused multiply-add).
 //  4. temperature <= 0: argmax of l, ties to the lowest id. Done (top-k/p, min-p unused).
 //  5. order           tokens by l descending, ties by id ascending. exp is monotone, so this is
 //                     "prob descending, ties by id". top-k (0 < k < n_vocab): keep the first k.
@@ -74,6 +76,22 @@ std::string num(double v) {
 
 }  // namespace
 
+bool penalties_on(const SamplingParams& p) {
+    return p.penalty_last_n != 0 && (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f);
+}
+
+std::vector<std::pair<int32_t, float>> merged_bias(const std::vector<std::pair<int32_t, float>>& logit_bias) {
+    std::vector<std::pair<int32_t, float>> m(logit_bias);
+    std::stable_sort(m.begin(), m.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    size_t n = 0;
+    for (size_t i = 0; i < m.size(); ++i) {
+        if (n > 0 && m[n - 1].first == m[i].first) m[n - 1].second += m[i].second;
+        else m[n++] = m[i];
+    }
+    m.resize(n);
+    return m;
+}
+
 float Sampler::uniform(uint64_t seed, uint64_t step) {
     const uint64_t state = splitmix64_mix(seed) + (step + 1) * 0x9E3779B97F4A7C15ull;
     return static_cast<float>(splitmix64_mix(state) >> 40) * 0x1.0p-24f;
@@ -105,8 +123,8 @@ Sampler::Sampler(int32_t n_vocab, SamplingParams params) : n_vocab_(n_vocab), pa
                                         std::to_string(n_vocab) + ")");
         if (std::isnan(b)) throw std::invalid_argument("logit_bias for token " + std::to_string(t) + " is NaN");
     }
-    penalties_on_ = p.penalty_last_n != 0 &&
-                    (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f);
+    penalties_on_ = penalties_on(p);
+    bias_ = merged_bias(p.logit_bias);
     const size_t n = static_cast<size_t>(n_vocab);
     work_.resize(n);
     order_.resize(n);
@@ -119,7 +137,7 @@ const float* Sampler::apply_bias_and_penalties(const float* logits, const int32_
     size_t n_window = 0;
     if (penalties_on_)
         n_window = p.penalty_last_n < 0 ? n_history : std::min(n_history, static_cast<size_t>(p.penalty_last_n));
-    if (p.logit_bias.empty() && n_window == 0) return logits;
+    if (bias_.empty() && n_window == 0) return logits;
 
     const int32_t* window = history + (n_history - n_window);
     for (size_t i = 0; i < n_window; ++i)  // validate first: counts_ must stay all-zero on error
@@ -130,7 +148,7 @@ const float* Sampler::apply_bias_and_penalties(const float* logits, const int32_
 
     float* l = work_.data();
     std::memcpy(l, logits, work_.size() * sizeof(float));
-    for (const auto& [t, b] : p.logit_bias) l[t] += b;
+    for (const auto& [t, b] : bias_) l[t] += b;
     for (size_t i = 0; i < n_window; ++i) ++counts_[window[i]];
     for (size_t i = 0; i < n_window; ++i) {
         const int32_t t = window[i];
@@ -139,7 +157,7 @@ const float* Sampler::apply_bias_and_penalties(const float* logits, const int32_
         counts_[t] = 0;
         float v = l[t];
         v = v > 0.0f ? v / p.repetition_penalty : v * p.repetition_penalty;
-        v -= p.presence_penalty + p.frequency_penalty * static_cast<float>(c);
+        v -= p.presence_penalty + p.frequency_penalty * static_cast<float>(c);  // (-ffp-contract=off)
         l[t] = v;
     }
     return l;

@@ -356,9 +356,11 @@ void Session::append(int32_t token) {
 }
 
 namespace {
-// Whether two parameter sets draw alike on the device (no bias or penalties there).
+// Whether two parameter sets draw alike (an open chain of device draws goes on only with its own).
 bool same_draws(const SamplingParams& a, const SamplingParams& b) {
-    return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p && a.seed == b.seed;
+    return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p && a.seed == b.seed &&
+           a.repetition_penalty == b.repetition_penalty && a.presence_penalty == b.presence_penalty &&
+           a.frequency_penalty == b.frequency_penalty && a.penalty_last_n == b.penalty_last_n && a.logit_bias == b.logit_bias;
 }
 }  // namespace
 

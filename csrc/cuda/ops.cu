@@ -31,6 +31,11 @@ __device__ __forceinline__ void unit_to_tile(const uint8_t* row, int64_t unit, f
 }
 __device__ __forceinline__ int tile_at(int i) { return i - i % 8 + ((i % 8) ^ (i / 8 & 7)); }
 
+// Token t of the step into the history, at its position (EmbedArgs::history).
+__device__ __forceinline__ void keep_token(const EmbedArgs& a, int64_t t) {
+    if (a.history && threadIdx.x == 0) a.history[*a.pos0 + t] = a.tokens[t];
+}
+
 template <TensorType T>
 struct Embed {
     using Args = EmbedArgs;
@@ -40,6 +45,7 @@ struct Embed {
         allow_next();
         wait_inputs();
         const int64_t t = blockIdx.x;
+        keep_token(a, t);
         const uint8_t* row = a.w + static_cast<size_t>(a.tokens[t]) * a.row_bytes;
         float4* x = reinterpret_cast<float4*>(a.x + t * a.cols);
         const int n_units = static_cast<int>(a.cols / 32), me = threadIdx.x;
@@ -158,6 +164,7 @@ struct EmbedNorm {
         load_row(reinterpret_cast<const float4*>(a.norm_w), n4, g);
         wait_inputs();
         const int64_t t = blockIdx.x;
+        keep_token(a, t);
         const uint8_t* row = a.w + static_cast<size_t>(a.tokens[t]) * a.row_bytes;
         float4* x = reinterpret_cast<float4*>(a.x + t * a.cols);
         const int me = threadIdx.x, unit = me / 8;  // (the pass's unit of this thread's float4)

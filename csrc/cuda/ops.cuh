@@ -32,6 +32,9 @@ struct EmbedArgs {
     float eps = 0.0f;
     QBlock* q = nullptr;  // or null; cols / 32 blocks a token, q_stride apart
     int64_t q_stride = 0;
+    // or null: each token also written at its position here (the penalties' history, n_ctx ints)
+    int32_t* history = nullptr;
+    const int64_t* pos0 = nullptr;  // device: the step block's first position
 };
 Launch embed(TensorType type, const EmbedArgs& a);
 constexpr int64_t kEmbedNormMaxCols = 8192;  // rows of up to this many values take q (wider: the norm kernel runs)

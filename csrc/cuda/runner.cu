@@ -137,6 +137,7 @@ struct DeviceKv {
     std::vector<int64_t> capacity;  // per layer
     std::vector<size_t> offset;     // per layer: K slots, then V slots
     DevicePtr<uint8_t> memory;
+    DevicePtr<int32_t> history;     // n_ctx: the token at each position (the embedding writes it; penalize reads it)
     uint8_t* k(int64_t layer) const { return memory.get() + offset[static_cast<size_t>(layer)]; }
     uint8_t* v(int64_t layer) const { return k(layer) + static_cast<size_t>(capacity[static_cast<size_t>(layer)]) * slot_bytes; }
 };
@@ -155,6 +156,7 @@ std::shared_ptr<DeviceKv> make_kv(const KVCache& layout, const DeviceModel& weig
     if (const size_t free = gpu_free_bytes(); free && layout.bytes() > free) throw OutOfMemory(layout.too_big(free, current_gpu()));
     kv->memory = device_alloc<uint8_t>(layout.bytes(), "the KV cache", "Load the model with a smaller n_ctx or kv_type='q8_0'");
     ER_CUDA(cudaMemset(kv->memory.get(), 0, layout.bytes()));
+    kv->history = device_alloc<int32_t>(static_cast<size_t>(layout.n_ctx));
     return kv;
 }
 
@@ -287,8 +289,9 @@ public:
         }
         for (cudaGraphExec_t g : graph_)
             if (g) cudaGraphExecDestroy(g);
-        for (cudaGraphExec_t g : chain_graph_)
-            if (g) cudaGraphExecDestroy(g);
+        for (auto& graphs : chain_graph_)
+            for (cudaGraphExec_t g : graphs)
+                if (g) cudaGraphExecDestroy(g);
         for (cudaEvent_t e : chain_done_)
             if (e) cudaEventDestroy(e);
         cudaStreamDestroy(stream_);
@@ -297,9 +300,7 @@ public:
     const float* logits() const override { return logits_.get(); }
     int64_t max_tokens() const override { return plan_.max_tokens; }
 
-    bool can_sample(const SamplingParams& p) const override {
-        return p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
-    }
+    bool can_sample(const SamplingParams&) const override { return true; }
 
     void fetch_logits() override {
         ER_CUDA(cudaMemcpyAsync(logits_.get(), row(Buf::LOGITS, last_row_), static_cast<size_t>(c_.n_vocab) * sizeof(float),
@@ -310,17 +311,15 @@ public:
     void run(const StepInputs& in) override {
         const int64_t n = in.n_tokens;
         const bool sampling = in.sample != nullptr;
-        if (sampling && (!can_sample(*in.sample) || in.logits_out))
-            throw std::logic_error("device sampling takes no bias or penalties, and not with every token's logits");
+        if (sampling && in.logits_out) throw std::logic_error("device sampling is not with every token's logits");
         host_block_->pos0 = in.pos0;
         if (sampling) {
             host_block_->sample_step = in.sample_step;
-            host_block_->sampling = DeviceSampling{in.sample->temperature, in.sample->top_k, in.sample->top_p, in.sample->min_p,
-                                                   in.sample->seed};
+            host_block_->sampling = device_sampling(*in.sample);
         }
         std::memcpy(host_block_->tokens, in.tokens, static_cast<size_t>(n) * sizeof(int32_t));
         last_row_ = n - 1;
-        const int ending = sampling ? 1 : 0;
+        const int ending = sampling ? 1 + penalized(*in.sample) : 0;
         const bool replayable = n == 1 && !in.logits_out;
         if (replayable && dispatch_ == Dispatch::Recorded) {
             if (!graph_[ending]) record(in, &graph_[ending]);
@@ -351,27 +350,24 @@ public:
     int chain_depth() const override { return dispatch_ == Dispatch::Recorded && plan_.max_tokens == 1 ? kChain : 0; }
 
     void chain_push(int64_t pos, const SamplingParams& p, uint64_t sample_step, const int32_t* first_token) override {
-        if (!can_sample(p)) throw std::logic_error("device sampling takes no bias or penalties");
-        const int k = static_cast<int>(pushed_ % kChain);
+        const int k = static_cast<int>(pushed_ % kChain), v = penalized(p);
         StepBlock* dev = chain_block(k);
         StepBlock& host = chain_host_.get()[k];
         host.pos0 = pos;
         host.sample_step = sample_step;
-        host.sampling = DeviceSampling{p.temperature, p.top_k, p.top_p, p.min_p, p.seed};
+        host.sampling = device_sampling(p);
         host.tokens[0] = first_token ? *first_token : 0;
-        if (!chain_graph_[0]) record_chain(p);
+        if (!chain_graph_[v][0]) record_chain(p, v);
         // the header, and the input token only for the chain's first step (the others' is the
         // previous step's draw, written on the device), unless the previous step wrote this one
         const StepBlock& prev = chain_host_.get()[(k + kChain - 1) % kChain];
-        const DeviceSampling& q = prev.sampling;
         const bool written = pushed_ > 0 && !first_token && pos == prev.pos0 + 1 && sample_step == prev.sample_step + 1 &&
-                             q.temperature == host.sampling.temperature && q.top_k == host.sampling.top_k && q.top_p == host.sampling.top_p &&
-                             q.min_p == host.sampling.min_p && q.seed == host.sampling.seed;
+                             prev.sampling == host.sampling;
         if (!written) {
             const size_t bytes = first_token ? sizeof(StepBlock) : offsetof(StepBlock, sampled);
             ER_CUDA(cudaMemcpyAsync(dev, &host, bytes, cudaMemcpyHostToDevice, stream_));
         }
-        ER_CUDA(cudaGraphLaunch(chain_graph_[k], stream_));  // (its sampler writes host.sampled)
+        ER_CUDA(cudaGraphLaunch(chain_graph_[v][k], stream_));  // (its sampler writes host.sampled)
         ER_CUDA(cudaEventRecord(chain_done_[k], stream_));
         ++pushed_;
         last_row_ = 0;
@@ -393,8 +389,9 @@ public:
 private:
     static constexpr int kChain = 3;  // step blocks in flight
 
-    // The kChain graphs, before any of them runs (what they read comes from their blocks).
-    void record_chain(const SamplingParams& p) {
+    // The kChain graphs of variant v (penalized: 1), before any of them runs (what they read
+    // comes from their blocks).
+    void record_chain(const SamplingParams& p, int v) {
         ER_CUDA(cudaStreamSynchronize(stream_));
         for (int k = 0; k < kChain; ++k) {
             std::vector<Launch> launches;
@@ -402,8 +399,44 @@ private:
             in.n_tokens = 1;
             in.sample = &p;
             compile(in, &launches, chain_block(k), chain_block((k + 1) % kChain), &chain_host_.get()[k].sampled);
-            capture(launches, &chain_graph_[k], [] {}, [] {});
+            capture(launches, &chain_graph_[v][k], [] {}, [] {});
         }
+    }
+
+    // Whether a sampled step with p runs penalize before the sampler (bias or penalties).
+    static bool penalized(const SamplingParams& p) { return !p.logit_bias.empty() || penalties_on(p); }
+
+    // p's header for the step block; with bias or penalties, their buffers made (the first time)
+    // and the bias table brought up to date (when p's bias differs from the last one sent: a copy
+    // ordered on the stream, after the steps before it).
+    DeviceSampling device_sampling(const SamplingParams& p) {
+        if (!penalized(p)) return cuda::device_sampling(p, 0);
+        if (!penalized_) {
+            const size_t n = static_cast<size_t>(c_.n_vocab);
+            penalized_ = device_alloc<float>(n);
+            counts_ = device_alloc<int32_t>(n);
+            ER_CUDA(cudaMemset(counts_.get(), 0, n * sizeof(int32_t)));
+            bias_tokens_ = device_alloc<int32_t>(n);
+            bias_values_ = device_alloc<float>(n);
+        }
+        if (p.logit_bias != bias_sent_) {
+            const std::vector<std::pair<int32_t, float>> m = merged_bias(p.logit_bias);
+            bias_host_tokens_.resize(m.size());
+            bias_host_values_.resize(m.size());
+            for (size_t i = 0; i < m.size(); ++i) {
+                if (m[i].first < 0 || m[i].first >= c_.n_vocab)
+                    throw std::invalid_argument("logit_bias token id " + std::to_string(m[i].first) + " is outside the vocabulary [0, " +
+                                                std::to_string(c_.n_vocab) + ")");
+                bias_host_tokens_[i] = m[i].first;
+                bias_host_values_[i] = m[i].second;
+            }
+            if (!m.empty()) {
+                ER_CUDA(cudaMemcpyAsync(bias_tokens_.get(), bias_host_tokens_.data(), m.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+                ER_CUDA(cudaMemcpyAsync(bias_values_.get(), bias_host_values_.data(), m.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
+            }
+            bias_sent_ = p.logit_bias;
+        }
+        return cuda::device_sampling(p, static_cast<int32_t>(bias_host_tokens_.size()));
     }
     StepBlock* chain_block(int k) const { return reinterpret_cast<StepBlock*>(chain_blocks_.get() + k * round_up(step_block_bytes(1), 256)); }
 
@@ -549,15 +582,26 @@ private:
     std::unique_ptr<float, FreeHost> logits_;
     DevicePtr<double> sample_scratch_;  // the sampler's weights, n_vocab
     DevicePtr<unsigned long long> sample_best_;  // the sampler's blocks' merged best, then their count
+    // bias and penalties (made at the first step that has them): the logits after them, the
+    // window's counts (zero between steps), the bias table (merged_bias: tokens rising) and the
+    // bias last sent to it, as given, and as sent
+    DevicePtr<float> penalized_;
+    DevicePtr<int32_t> counts_;
+    DevicePtr<int32_t> bias_tokens_;
+    DevicePtr<float> bias_values_;
+    std::vector<std::pair<int32_t, float>> bias_sent_;
+    std::vector<int32_t> bias_host_tokens_;
+    std::vector<float> bias_host_values_;
     cudaStream_t stream_ = nullptr;
     std::vector<Launch> launches_;       // eager: this step's launches (capacity kept)
-    cudaGraphExec_t graph_[2] = {};      // recorded: the one-token step ending in logits / a drawn token
+    cudaGraphExec_t graph_[3] = {};      // recorded: the one-token step ending in logits / a drawn token / one drawn after
+                                         // bias and penalties
     DevicePtr<uint8_t> chain_blocks_;                  // chained decode: kChain step blocks
     std::unique_ptr<StepBlock, FreeHost> chain_host_;  // their pinned staging copies
-    cudaGraphExec_t chain_graph_[kChain] = {};
+    cudaGraphExec_t chain_graph_[2][kChain] = {};  // plain, penalized
     cudaEvent_t chain_done_[kChain] = {};
     uint64_t pushed_ = 0, popped_ = 0;
-    Table table_[2];                     // argument_buffers: the same two
+    Table table_[3];                     // argument_buffers: the same three
     int64_t last_row_ = 0;               // the last run's last token row
 };
 
@@ -816,6 +860,8 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
         switch (s.kind) {
             case Step::Embed: {
                 EmbedArgs e{(*w_)(op.weight), s.row_bytes, op.weight->cols, b->tokens, n, row(Buf::X, 0), op.scale};
+                e.history = kv_->history.get();
+                e.pos0 = &b->pos0;
                 if (n == 1 && k + 1 < steps_.size() && steps_[k + 1].by_embed) {  // with the norm's int8 copy
                     e.norm_w = reinterpret_cast<const float*>((*w_)(steps_[k + 1].op.weight));
                     e.eps = c_.norm_eps;
@@ -889,7 +935,13 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
         }
     }
     if (in.sample) {
-        SampleArgs a{row(Buf::LOGITS, n - 1), static_cast<int32_t>(c_.n_vocab), &b->sampling, &b->sample_step, sample_scratch_.get(),
+        const float* logits = row(Buf::LOGITS, n - 1);
+        if (penalized(*in.sample)) {  // the sampler reads the logits after bias and penalties
+            push(Part::Sample, penalize(PenaltyArgs{logits, penalized_.get(), static_cast<int32_t>(c_.n_vocab), &b->sampling, &b->pos0, n,
+                                                    kv_->history.get(), bias_tokens_.get(), bias_values_.get(), counts_.get()}));
+            logits = penalized_.get();
+        }
+        SampleArgs a{logits, static_cast<int32_t>(c_.n_vocab), &b->sampling, &b->sample_step, sample_scratch_.get(),
                      sample_best_.get(), reinterpret_cast<unsigned*>(sample_best_.get() + 1), drawn ? drawn : &b->sampled};
         a.out_host = drawn != nullptr;
         if (next) {

@@ -330,7 +330,78 @@ __device__ void Sample::run(const SampleArgs& a) {
     if (threadIdx.x == 0) emit(a, best_id < n ? best_id : top);
 }
 
+// The logits after bias and penalties, a slice of kSlice tokens a block: the slice copied, the
+// bias table's entries in it added, then the window's tokens in it counted (the counts array,
+// global: each block touches only its slice's entries) and each distinct one penalized once by
+// the thread that takes its count back to zero. The float arithmetic is the CPU's, rounding for
+// rounding (no fused multiply-add).
+// The first index in [lo, hi) of rising `tokens` whose token is >= t (hi where none is).
+__device__ __forceinline__ int32_t first_at_least(const int32_t* tokens, int32_t lo, int32_t hi, int32_t t) {
+    while (lo < hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (tokens[mid] < t) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+struct Penalize {
+    using Args = PenaltyArgs;
+    static __device__ void run(const Args& a);
+};
+
+__device__ void Penalize::run(const PenaltyArgs& a) {
+    allow_next();
+    const DeviceSampling p = *a.params;
+    const int64_t last = *a.pos0 + a.n_tokens - 1;
+    wait_inputs();
+    const int32_t from = static_cast<int32_t>(blockIdx.x) * kSlice, to = min(a.n_vocab, from + kSlice);
+    for (int32_t i = from + static_cast<int32_t>(threadIdx.x); i < to; i += kThreads) a.out[i] = a.logits[i];
+    __syncthreads();
+    const int32_t lo = first_at_least(a.bias_tokens, 0, p.n_bias, from), hi = first_at_least(a.bias_tokens, lo, p.n_bias, to);
+    for (int32_t j = lo + static_cast<int32_t>(threadIdx.x); j < hi; j += kThreads) a.out[a.bias_tokens[j]] += a.bias_values[j];
+    if (p.penalty_last_n == 0) return;
+    const int64_t n_window = p.penalty_last_n < 0 ? last + 1 : min(last + 1, static_cast<int64_t>(p.penalty_last_n));
+    const int64_t start = last + 1 - n_window;
+    __syncthreads();  // (the bias added)
+    for (int64_t i = start + threadIdx.x; i <= last; i += kThreads) {
+        const int32_t t = a.history[i];
+        if (t >= from && t < to) atomicAdd(&a.counts[t], 1);
+    }
+    __syncthreads();
+    for (int64_t i = start + threadIdx.x; i <= last; i += kThreads) {
+        const int32_t t = a.history[i];
+        if (t < from || t >= to) continue;
+        const int c = atomicExch(&a.counts[t], 0);
+        if (c == 0) continue;  // already penalized: each distinct token once
+        float v = a.out[t];
+        v = v > 0.0f ? __fdiv_rn(v, p.repetition_penalty) : __fmul_rn(v, p.repetition_penalty);
+        a.out[t] = __fsub_rn(v, __fadd_rn(p.presence_penalty, __fmul_rn(p.frequency_penalty, static_cast<float>(c))));
+    }
+}
+
 }  // namespace
+
+DeviceSampling device_sampling(const SamplingParams& p, int32_t n_bias) {
+    DeviceSampling d;
+    d.temperature = p.temperature;
+    d.top_k = p.top_k;
+    d.top_p = p.top_p;
+    d.min_p = p.min_p;
+    d.seed = p.seed;
+    if (penalties_on(p)) {
+        d.repetition_penalty = p.repetition_penalty;
+        d.presence_penalty = p.presence_penalty;
+        d.frequency_penalty = p.frequency_penalty;
+        d.penalty_last_n = p.penalty_last_n;
+    }
+    d.n_bias = n_bias;
+    return d;
+}
+
+Launch penalize(const PenaltyArgs& a) {
+    return make_launch<Penalize>(dim3(static_cast<unsigned>((a.n_vocab + kSlice - 1) / kSlice)), dim3(kThreads), a);
+}
 
 Launch sample(const SampleArgs& a) {
     const int blocks = (a.n_vocab + kSlice - 1) / kSlice;

@@ -1,24 +1,59 @@
 // Token sampling on the device at the end of a step: the CPU sampler's contract
-// (csrc/core/sampler.cpp: temperature, top-k, top-p, min-p, the counter-based uniform, the
-// inverse-CDF draw over tokens ordered by logit), for parameters without logit bias or
-// penalties (those need the history on the host). Only the 4-byte token comes back.
+// (csrc/core/sampler.cpp: logit bias, repetition / presence / frequency penalties over the last
+// tokens, temperature, top-k, top-p, min-p, the counter-based uniform, the inverse-CDF draw over
+// tokens ordered by logit). Only the 4-byte token comes back. Bias and penalties are a kernel of
+// their own (penalize) that writes the adjusted logits for the sampler to read, from the token
+// history the embedding keeps on the device (EmbedArgs::history) and the runner's bias table.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "edgerunner/sampler.h"
 #include "launch.cuh"
 
 namespace edgerunner::cuda {
 
 struct DeviceSampling {
-    float temperature;  // <= 0: greedy
-    int32_t top_k;      // 0: off
-    float top_p;        // 1: off
-    float min_p;        // 0: off
-    uint64_t seed;
+    float temperature = 0.0f;  // <= 0: greedy
+    int32_t top_k = 0;         // 0: off
+    float top_p = 1.0f;        // 1: off
+    float min_p = 0.0f;        // 0: off
+    uint64_t seed = 0;
+    // for penalize: the penalties (penalty_last_n 0 where they change nothing: penalties_on) and
+    // how many entries of the bias table apply
+    float repetition_penalty = 1.0f;
+    float presence_penalty = 0.0f;
+    float frequency_penalty = 0.0f;
+    int32_t penalty_last_n = 0;  // -1: every earlier token
+    int32_t n_bias = 0;
 };
+// The device's copy of p, with n_bias entries in the bias table (merged_bias(p.logit_bias)).
+DeviceSampling device_sampling(const SamplingParams& p, int32_t n_bias);
+inline bool operator==(const DeviceSampling& a, const DeviceSampling& b) {
+    return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p && a.seed == b.seed &&
+           a.repetition_penalty == b.repetition_penalty && a.presence_penalty == b.presence_penalty &&
+           a.frequency_penalty == b.frequency_penalty && a.penalty_last_n == b.penalty_last_n && a.n_bias == b.n_bias;
+}
+
+// The logits after bias and penalties (the CPU contract's steps 1-3), out[i] for every token:
+// the bias table's entries added, then each distinct token of the window (the penalty_last_n
+// tokens up to and including the step's last, read from the history) penalized once with its
+// count. Blocks of kPenaltySlice tokens, each over the whole window and its range of the table.
+struct PenaltyArgs {
+    const float* logits;           // n_vocab floats
+    float* out;                    // n_vocab floats (what the sampler then reads)
+    int32_t n_vocab;
+    const DeviceSampling* params;  // device: the step block's
+    const int64_t* pos0;           // device: the step block's first position
+    int64_t n_tokens;              // the step's tokens: its last is at *pos0 + n_tokens - 1
+    const int32_t* history;        // device: the token at each position (written by the embedding)
+    const int32_t* bias_tokens;    // device: the bias table, n_bias entries, tokens rising, one each
+    const float* bias_values;
+    int32_t* counts;               // device: n_vocab, zero (and left zero)
+};
+Launch penalize(const PenaltyArgs& a);
 
 struct SampleArgs {
     const float* logits;           // n_vocab floats

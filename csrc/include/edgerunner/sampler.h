@@ -22,6 +22,12 @@ struct SamplingParams {
     uint64_t seed = 0;
 };
 
+// Whether the penalties change anything (a window and a factor or term that is not neutral).
+bool penalties_on(const SamplingParams& p);
+// logit_bias as the sampler adds it: one entry per token, tokens rising, each token's bias the
+// float sum of its entries in their order (then added to its logit once). GPU samplers read this.
+std::vector<std::pair<int32_t, float>> merged_bias(const std::vector<std::pair<int32_t, float>>& logit_bias);
+
 // Not thread-safe: one Sampler per generation stream (it owns per-call scratch).
 class Sampler {
 public:
@@ -48,6 +54,7 @@ private:
     int32_t n_vocab_;
     SamplingParams params_;
     bool penalties_on_;
+    std::vector<std::pair<int32_t, float>> bias_;  // merged_bias(params_.logit_bias)
     // Scratch sized at construction: no allocation per token.
     std::vector<float> work_;      // logits after bias and penalties
     std::vector<int32_t> order_;   // candidate token ids, best first once sorted

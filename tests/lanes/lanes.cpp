@@ -1,12 +1,12 @@
-// The emulator's threadgroup scheduler: every thread of a threadgroup is a coroutine with its
+// The emulators' threadgroup scheduler (lanes.h): every thread of a threadgroup is a coroutine with its
 // own stack (started with ucontext, switched with _setjmp/_longjmp: no system call per switch);
 // a thread runs until it reaches a barrier or a SIMD-group function, then the next one runs.
 // When every live thread of a simdgroup waits at a SIMD-group function (or every thread of the
 // threadgroup at threadgroup_barrier) they are released together, so the collectives see every
 // lane's value exactly as on the GPU. Threadgroups run one after another.
 //
-// It also catches what the Metal compiler does not: a threadgroup_barrier that some thread of
-// the threadgroup never reaches (it returned early), threads of one simdgroup at different SIMD
+// It also catches what the GPU compilers do not: a threadgroup barrier that some thread of the
+// threadgroup never reaches (it returned early), threads of one simdgroup at different SIMD
 // barriers, and a deadlock.
 #undef _FORTIFY_SOURCE  // its longjmp check refuses jumps between stacks, which is the point here
 #include <setjmp.h>
@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "emulator.h"
+#include "lanes.h"
 
 namespace er_emulator {
 namespace {
@@ -45,8 +45,8 @@ struct Lane {
 struct Grid {
     Invoke fn = nullptr;
     const void* args = nullptr;
-    const void* step = nullptr;
-    uint32_t group[3] = {0, 0, 0};
+    const void* extra = nullptr;
+    uint32_t group[3] = {0, 0, 0}, groups[3] = {0, 0, 0};
     uint32_t threads = 0;
     uint32_t current = 0;
     jmp_buf scheduler;
@@ -61,7 +61,7 @@ Grid& grid() {
 
 void lane_main() {
     Grid& g = grid();
-    g.fn(g.args, g.step, g.group[0], g.group[1], g.group[2], g.current);
+    g.fn(g.args, g.extra, g.group[0], g.group[1], g.group[2], g.current);
     g.lanes[g.current].state = State::Done;
     _longjmp(g.scheduler, 1);
 }
@@ -92,7 +92,7 @@ bool release(Grid& g) {
                 break;
             }
             if (any && l.simd_barriers != count)
-                throw std::runtime_error("Metal emulator: lanes of simdgroup " + std::to_string(s0 / kSimd) + " in " + where(g) +
+                throw std::runtime_error("emulator: lanes of simdgroup " + std::to_string(s0 / kSimd) + " in " + where(g) +
                                          " wait at different SIMD-group functions (divergent control flow)");
             count = l.simd_barriers;
             any = true;
@@ -119,7 +119,7 @@ bool release(Grid& g) {
     }
     if (!all) return false;
     if (any_done)
-        throw std::runtime_error("Metal emulator: threadgroup_barrier in " + where(g) + " is not reached by every thread (thread " +
+        throw std::runtime_error("emulator: threadgroup_barrier in " + where(g) + " is not reached by every thread (thread " +
                                  std::to_string(done_lane) + " returned)");
     for (uint32_t t = 0; t < g.threads; ++t) {
         g.lanes[t].state = State::Running;
@@ -151,9 +151,16 @@ uint64_t simd_exchange(uint64_t bits, int op, uint32_t arg) {
         std::memcpy(&u, &f, 4);
         return static_cast<uint64_t>(u);
     };
-    if (op == kXor || op == kBroadcast) {
-        const uint32_t src = s0 + (op == kXor ? (me - s0) ^ arg : arg);
-        if (src < g.threads && g.lanes[src].in_collective) result = g.lanes[src].value;
+    if (op == kXor || op == kBroadcast || op == kDown) {
+        const uint32_t lane = op == kXor ? (me - s0) ^ arg : op == kBroadcast ? arg : me - s0 + arg;
+        const uint32_t src = s0 + lane;
+        if (lane < kSimd && src < g.threads && g.lanes[src].in_collective) result = g.lanes[src].value;
+    } else if (op == kBallot || op == kMatchAny) {
+        result = 0;
+        for (uint32_t t = s0; t < s0 + kSimd && t < g.threads; ++t) {
+            const Lane& l = g.lanes[t];
+            if (l.in_collective && (op == kBallot ? l.value != 0 : l.value == bits)) result |= uint64_t{1} << (t - s0);
+        }
     } else {
         bool first = true;
         float fr = 0;
@@ -173,7 +180,7 @@ uint64_t simd_exchange(uint64_t bits, int op, uint32_t arg) {
                 case kMaxU: ur = first ? uv : (uv > ur ? uv : ur); break;
                 case kMinU: ur = first ? uv : (uv < ur ? uv : ur); break;
                 case kSumI: ir = first ? iv : ir + iv; break;
-                default: throw std::logic_error("Metal emulator: unknown SIMD-group operation");
+                default: throw std::logic_error("emulator: unknown SIMD-group operation");
             }
             first = false;
         }
@@ -186,14 +193,20 @@ uint64_t simd_exchange(uint64_t bits, int op, uint32_t arg) {
     return result;
 }
 
-void run_grid(Invoke fn, const void* args, const void* step, const uint32_t groups[3], uint32_t threads) {
+uint32_t current_thread() { return grid().current; }
+uint32_t current_group(int axis) { return grid().group[axis]; }
+uint32_t grid_groups(int axis) { return grid().groups[axis]; }
+uint32_t group_threads() { return grid().threads; }
+
+void run_grid(Invoke fn, const void* args, const void* extra, const uint32_t groups[3], uint32_t threads) {
     if (threads == 0 || threads > kMaxThreads || threads % kSimd != 0)
-        throw std::invalid_argument("Metal emulator: " + std::to_string(threads) + " threads per threadgroup (a multiple of 32, at most 1024)");
+        throw std::invalid_argument("emulator: " + std::to_string(threads) + " threads per threadgroup (a multiple of 32, at most 1024)");
     Grid& g = grid();
     g.fn = fn;
     g.args = args;
-    g.step = step;
+    g.extra = extra;
     g.threads = threads;
+    for (int i = 0; i < 3; ++i) g.groups[i] = groups[i];
     for (uint32_t z = 0; z < groups[2]; ++z)
         for (uint32_t y = 0; y < groups[1]; ++y)
             for (uint32_t x = 0; x < groups[0]; ++x) {
@@ -227,7 +240,7 @@ void run_grid(Invoke fn, const void* args, const void* step, const uint32_t grou
                     for (uint32_t t = 0; t < threads; ++t) live |= g.lanes[t].state != State::Done;
                     if (!live) break;
                     if (!release(g) && !ran)
-                        throw std::runtime_error("Metal emulator: deadlock in " + where(g) +
+                        throw std::runtime_error("emulator: deadlock in " + where(g) +
                                                  ": threads wait at threadgroup and SIMD-group barriers at once");
                 }
             }

@@ -1,0 +1,174 @@
+"""The CUDA sampler's kernels (csrc/cuda/sample.cu: penalize, sample) run on the CPU, against the
+CPU sampler and NumPy, on machines without a GPU (CI among them).
+
+tests/cuda_emulator compiles sample.cu as C++ against a stand-in <cuda_runtime.h> whose
+__syncthreads and warp functions (shuffles, ballot, match) really synchronize the threads of a
+block (each thread a coroutine, tests/lanes), and runs the Launch the backend's own host code
+builds (grid, block, argument bytes). What this proves: the kernels' arithmetic, indexing, block
+slicing, merges across blocks and the collectives' logic, against the contract of
+csrc/core/sampler.cpp. What it cannot: nvcc, the GPU's memory model and scheduling (the emulator
+runs one block, then the next, and a block's threads in turn), CUDA's math library (the host's
+exp runs here, as in the CPU sampler) and speed. tests/test_cuda_engine.py runs the same kernels
+on a GPU inside whole decode steps.
+
+Exactness: penalize's float32 arithmetic is the CPU sampler's rounding for rounding, so its output
+equals NumPy's float32 transform bit for bit; the sampler's draw equals the CPU sampler's token.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgerunner import _core
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel emulator is built on Linux")
+
+SLICE = 16384  # a block's tokens in both kernels (sample.cu's kSlice)
+
+
+@pytest.fixture(scope="session")
+def emulator(cpp_build) -> Path:
+    return cpp_build / "tests" / "cpp" / "cuda_emulator"
+
+
+def draw(emulator, tmp_path, logits, params, *, history=None, step=0, penalized=None) -> int:
+    """The emulated kernels' token for `logits` (float32) with the CPU sampler's keyword params."""
+    logits.astype(np.float32).tofile(tmp_path / "l.bin")
+    flags = ["--step", step]
+    for k, v in params.items():
+        if k == "logit_bias":
+            flags += ["--bias", ",".join(f"{t}:{b!r}" for t, b in v.items())]
+        else:
+            flags += [f"--{k.replace('_', '-')}", v]
+    if history is not None:
+        np.asarray(history, np.int32).tofile(tmp_path / "h.bin")
+        flags += ["--history", tmp_path / "h.bin"]
+    if penalized is not None:
+        flags += ["--penalized", penalized]
+    r = subprocess.run([str(emulator), "sample", str(tmp_path / "l.bin"), *map(str, flags)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout)
+
+
+def transform32(logits, history, *, logit_bias=None, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+                penalty_last_n=64, **_):
+    """The contract's steps 1-3 in NumPy float32, each operation rounded once as the contract says."""
+    x = logits.astype(np.float32).copy()
+    for t, b in (logit_bias or {}).items():
+        x[t] = np.float32(x[t] + np.float32(b))
+    on = penalty_last_n != 0 and (repetition_penalty != 1.0 or presence_penalty != 0.0 or frequency_penalty != 0.0)
+    h = np.asarray(history, np.int64)
+    window = h if penalty_last_n == -1 else h[len(h) - min(len(h), penalty_last_n):]
+    if on:
+        rp, pp, fp = np.float32(repetition_penalty), np.float32(presence_penalty), np.float32(frequency_penalty)
+        for t, c in zip(*np.unique(window, return_counts=True)):
+            v = x[t]
+            v = np.float32(v / rp) if v > 0 else np.float32(v * rp)
+            x[t] = np.float32(v - np.float32(pp + np.float32(fp * np.float32(c))))
+    return x
+
+
+# greedy; temperature alone; top-k of up to 1024 (sorted in shared memory) with top-p and min-p;
+# k = 1025 and top-p or min-p alone (threshold searches over the whole vocabulary)
+SAMPLING = [dict(), dict(temperature=0.8), dict(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05), dict(temperature=0.7, top_k=1024),
+            dict(temperature=1.2, top_k=1025), dict(temperature=0.9, top_p=0.8), dict(temperature=1.5, min_p=0.1)]
+
+
+@pytest.mark.parametrize("params", SAMPLING, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "greedy")
+def test_sampler_kernel_draws_as_the_cpu_sampler(emulator, tmp_path, params):
+    """Random logits and logits built to make the cuts hard (repeated values, whose ties go to the
+    lower id; -inf, banned), over 5003 tokens (one block; float4 loads and a scalar tail) and
+    40000 (three blocks merging their greedy bests), several seeds and RNG steps."""
+    seed = random.randrange(2**32)
+    rng = np.random.default_rng(seed)
+    for n in (5003, 40000):
+        for hard in (False, True):
+            l = rng.normal(0, 4, n).astype(np.float32)
+            if hard:
+                l[rng.integers(0, n, n // 10)] = np.float32(1.5)
+                l[rng.integers(0, n, n // 20)] = -np.inf
+            for s, step in ((3, 0), (77, 41)):
+                got = draw(emulator, tmp_path, l, dict(params, seed=s), step=step)
+                want = _core.Sampler(n, seed=s, **params).sample(l, [], step)
+                assert got == want, f"{params} n={n} hard={hard} seed={s} step={step} (test seed {seed}): kernel {got}, CPU {want}"
+
+
+def test_sampler_kernel_ties_go_to_the_lowest_id_across_blocks(emulator, tmp_path):
+    """Equal maxima go to the lowest id: within a thread's run, between a warp's lanes and
+    between warps (shuffles, then shared memory), and over blocks (one 64-bit atomic word); -0
+    ties +0."""
+    for ids in ([5, 4101, 37], [4133, 4101, 4999, 4], [3000, 2000], [4100, 4], [5002, 5001]):  # (float4 i: thread i % 1024; a tail)
+        l = np.full(5003, -1.0, np.float32)
+        l[ids] = 3.0
+        assert draw(emulator, tmp_path, l, {}) == min(ids), ids
+    l = np.full(40000, -1.0, np.float32)
+    l[[36000, 20000, 4100]] = 2.0
+    assert draw(emulator, tmp_path, l, {}) == 4100
+    l = np.full(40000, -1.0, np.float32)
+    l[20001] = -0.0
+    l[36001] = 0.0
+    assert draw(emulator, tmp_path, l, {}) == 20001
+
+
+# penalties alone (greedy: their effect decides the token), with a window shorter than the history
+# and one of all of it, with bias (bans and boosts, on block edges), and with sampling after them
+PENALTIES = [dict(repetition_penalty=1.5), dict(repetition_penalty=0.7, presence_penalty=0.5, frequency_penalty=0.3, penalty_last_n=7),
+             dict(frequency_penalty=0.25, penalty_last_n=-1), dict(temperature=0.9, top_k=40, repetition_penalty=1.3, presence_penalty=0.4),
+             dict(temperature=1.1, frequency_penalty=0.6, penalty_last_n=200, min_p=0.02), dict(logit_bias=True),
+             dict(temperature=0.8, logit_bias=True, repetition_penalty=1.2, frequency_penalty=0.1, penalty_last_n=-1),
+             dict(repetition_penalty=1.0, presence_penalty=0.0, logit_bias=True, penalty_last_n=-1)]
+
+
+@pytest.mark.parametrize("params", PENALTIES, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_penalize_kernel_is_the_contracts_float32(emulator, tmp_path, params):
+    """penalize's logits equal NumPy's float32 transform bit for bit (every other token
+    untouched), and the token drawn after it is the CPU sampler's with the same history: random
+    histories whose tokens repeat (counts up to ~20), the step's own token in the window, bias
+    entries on the blocks' edges (16383, 16384) and on the window's tokens, -inf bans."""
+    seed = random.randrange(2**32)
+    rng = np.random.default_rng(seed)
+    for n in (5003, 40000):
+        for trial in range(3):
+            l = rng.normal(0, 3, n).astype(np.float32)
+            pool = rng.integers(0, n, 12)  # a few tokens that recur, and the best logits among them
+            pool[:3] = np.argsort(l)[-3:]
+            history = np.where(rng.random(150) < 0.6, rng.choice(pool, 150), rng.integers(0, n, 150)).astype(np.int32)
+            p = dict(params)
+            if p.get("logit_bias"):
+                edges = [t for t in (16383, 16384, n - 1) if t < n]
+                p["logit_bias"] = {int(history[-1]): -np.inf, int(pool[4]): 2.5, **{t: float(rng.normal(0, 3)) for t in edges},
+                                   int(np.argmax(l)): -1.25}
+            out = tmp_path / "p.bin"
+            step = int(rng.integers(0, 1000))
+            got = draw(emulator, tmp_path, l, dict(p, seed=trial), history=history, step=step, penalized=out)
+            want_l = transform32(l, history, **p)
+            got_l = np.fromfile(out, np.float32)
+            assert np.array_equal(got_l.view(np.uint32), want_l.view(np.uint32)), \
+                f"{p} n={n} (seed {seed}): tokens {np.nonzero(got_l.view(np.uint32) != want_l.view(np.uint32))[0][:8]} differ"
+            want = _core.Sampler(n, seed=trial, **p).sample(l, history, step)
+            assert got == want, f"{p} n={n} trial {trial} (seed {seed}): kernel {got}, CPU {want}"
+
+
+def test_bias_entries_of_one_token_add_up_first(emulator, tmp_path):
+    """A token's several bias entries are summed in their order, then added once (merged_bias),
+    on the device as on the CPU: 1 + 2^-24 + 2^-24 in float32 is 1 added in turn, 1 + 2^-23 summed
+    first. (Python's dict has one entry a token: the C++ API's vector may have more; the emulator
+    takes repeats.)"""
+    l = np.zeros(100, np.float32)
+    l[7] = 1.0
+    l[8] = np.float32(1.0 + 2.0**-23)  # what 7 reaches only when its entries are summed first
+    got = draw(emulator, tmp_path, l, {"logit_bias": {}}, penalized=None)
+    assert got == 8
+    out = tmp_path / "p.bin"
+    flags = ["--bias", "7:5.9604645e-08,7:5.9604645e-08", "--penalized", out]
+    l.tofile(tmp_path / "l.bin")
+    r = subprocess.run([str(emulator), "sample", str(tmp_path / "l.bin"), *map(str, flags)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert np.fromfile(out, np.float32)[7] == np.float32(1.0 + 2.0**-23)
+    assert int(r.stdout) == 7  # (ties with 8: the lower id)
