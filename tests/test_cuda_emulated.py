@@ -1,15 +1,18 @@
-"""The CUDA sampler's kernels (csrc/cuda/sample.cu: penalize, sample) run on the CPU, against the
-CPU sampler and NumPy, on machines without a GPU (CI among them).
+"""The CUDA backend on the CPU: csrc/cuda compiled as C++ and run by tests/cuda_emulator, against
+the float64 reference, the CPU sampler and NumPy, on machines without a GPU (CI among them).
 
-tests/cuda_emulator compiles sample.cu as C++ against a stand-in <cuda_runtime.h> whose
-__syncthreads and warp functions (shuffles, ballot, match) really synchronize the threads of a
-block (each thread a coroutine, tests/lanes), and runs the Launch the backend's own host code
-builds (grid, block, argument bytes). What this proves: the kernels' arithmetic, indexing, block
-slicing, merges across blocks and the collectives' logic, against the contract of
-csrc/core/sampler.cpp. What it cannot: nvcc, the GPU's memory model and scheduling (the emulator
-runs one block, then the next, and a block's threads in turn), CUDA's math library (the host's
-exp runs here, as in the CPU sampler) and speed. tests/test_cuda_engine.py runs the same kernels
-on a GPU inside whole decode steps.
+tests/cuda_emulator compiles csrc/cuda against a stand-in <cuda_runtime.h> whose __syncthreads and
+warp functions (shuffles, ballot, match) really synchronize the threads of a block (each thread a
+coroutine, tests/lanes), and links the core's session compiled for CUDA: what runs is the
+backend's own code from Model::load down (the runner's fusion decisions, step blocks, the three
+dispatch modes with their argument tables and graphs, the chained decode steps, the samplers),
+on an emulated device of an H200's 132 SMs and compute capability 8.0. What this proves: the
+kernels' arithmetic, indexing, block slicing, merges across blocks and the collectives' logic, and
+the host's plans. What it cannot: nvcc, the GPU's memory model and scheduling (one block runs,
+then the next, a block's threads in turn; streams run each operation when it is enqueued), CUDA's
+math library (the host's exp and 1/sqrt run here), the Hopper-only paths (bulk copies,
+programmatic dependent launch), the tensor-core GEMM and attention (prefill chunks of 16 tokens or
+more: the tests keep chunks of 8) and speed. tests/test_cuda_engine.py runs the same code on a GPU.
 
 Exactness: penalize's float32 arithmetic is the CPU sampler's rounding for rounding, so its output
 equals NumPy's float32 transform bit for bit; the sampler's draw equals the CPU sampler's token.
@@ -26,6 +29,9 @@ import numpy as np
 import pytest
 
 from edgerunner import _core
+from edgerunner.model_builder import write_random_model
+from reference_forward import ReferenceModel
+from test_engine import FAST_TOLERANCE, IDS, K, prompt, tiny_models  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel emulator is built on Linux")
 
@@ -172,3 +178,76 @@ def test_bias_entries_of_one_token_add_up_first(emulator, tmp_path):
     assert r.returncode == 0, r.stderr
     assert np.fromfile(out, np.float32)[7] == np.float32(1.0 + 2.0**-23)
     assert int(r.stdout) == 7  # (ties with 8: the lower id)
+
+
+# ---- the whole backend ----------------------------------------------------------------------
+
+DISPATCH = ("eager", "argument_buffers", "recorded")
+
+
+def cuda_logits(emulator, path, ids, **opts) -> np.ndarray:
+    """Logits from the emulated CUDA backend: every position's (one eval_all, in chunks of 8), or
+    with decode_from=K the K-token prompt's last and then one append a token."""
+    out = Path(path).with_suffix(".logits")
+    flags = [x for k, v in opts.items() for x in (f"--{k.replace('_', '-')}", v)]
+    r = subprocess.run([str(emulator), "logits", str(path), str(out), "--tokens", ",".join(map(str, ids)), *map(str, flags)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    n_vocab = _core.Model.load(str(path), backend="cpu", n_threads=1).config["n_vocab"]
+    return np.fromfile(out, np.float32).reshape(-1, n_vocab)
+
+
+@pytest.mark.parametrize("case", IDS)
+def test_emulated_cuda_logits_close_to_float64_reference(emulator, tiny_models, case):
+    """Every weight type and architecture of the engine tests, 40 tokens in steps of 8 (the decode
+    kernels, token for token): int8 activations into the quantized matmuls and an f16 KV cache,
+    within the CPU fast path's bound (FAST_TOLERANCE of the logit range), as on the GPU."""
+    path, seed = tiny_models[case]
+    ids = prompt(np.random.default_rng(seed + 2), 40)
+    want = ReferenceModel(path).logits(ids)
+    got = cuda_logits(emulator, path, ids)
+    scale, err = np.abs(want).max(), np.abs(got - want).max()
+    assert err <= FAST_TOLERANCE * scale, f"{case} seed {seed}: max |Δ| {err:.3g} vs |logit| max {scale:.3g}"
+
+
+@pytest.mark.parametrize("ttype,kv,over", [("Q4_0", "f16", {}), ("Q4_K_M", "q8_0", dict(K, n_layers=3)), ("Q8_0", "f32", dict(window=5)),
+                                           ("F16", "f16", dict(arch="qwen2"))], ids=lambda v: str(v))
+def test_emulated_cuda_steps_and_dispatch_modes_agree(emulator, tmp_path, ttype, kv, over):
+    """One eval_all of 30 tokens (steps of 8) and a 5-token prompt followed by 25 one-token steps
+    give the same logits bit for bit, in each dispatch mode (eager launches, argument tables,
+    recorded graphs): every KV precision, a sliding window over a ring cache, qwen2's biases."""
+    over = dict(over)
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch=over.pop("arch", "llama"), preset="tiny", tensor_type=ttype, seed=7, **over)
+    ids = prompt(np.random.default_rng(1), 30)
+    full = cuda_logits(emulator, path, ids, kv=kv, dispatch="eager")
+    for dispatch in DISPATCH:
+        steps = cuda_logits(emulator, path, ids, kv=kv, dispatch=dispatch, decode_from=5)
+        assert np.array_equal(steps, full[4:]), f"{dispatch}: rows {np.nonzero((steps != full[4:]).any(1))[0]} differ"
+
+
+GENERATION = [dict(temperature=0.8, seed=3), dict(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05, seed=4),
+              dict(repetition_penalty=1.5, seed=1),
+              dict(temperature=0.9, repetition_penalty=1.4, frequency_penalty=0.3, penalty_last_n=3, seed=5),
+              dict(presence_penalty=2.0, penalty_last_n=-1, logit_bias={3: 0.5, 100: -np.inf}, seed=6),
+              dict(temperature=1.0, top_k=40, frequency_penalty=0.5, penalty_last_n=-1, logit_bias={7: -np.inf, 319: 3.0}, seed=2)]
+
+
+@pytest.mark.parametrize("params", GENERATION, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+@pytest.mark.parametrize("dispatch", DISPATCH)
+def test_emulated_cuda_generation_draws_as_the_cpu_sampler(emulator, tmp_path, params, dispatch):
+    """Session::generate after a prompt that repeats itself: 24 tokens drawn on the device (recorded
+    dispatch: chained steps, three in flight, each fed the last draw and penalized over a history
+    the device kept), each the CPU sampler's on the logits of a second session stepping one token
+    at a time, with the whole history."""
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=9)
+    ids = list(prompt(np.random.default_rng(3), 6)) * 2
+    flags = ["--steps", 24, "--dispatch", dispatch]
+    for k, v in params.items():
+        flags += ["--bias", ",".join(f"{t}:{b!r}" for t, b in v.items())] if k == "logit_bias" else [f"--{k.replace('_', '-')}", v]
+    r = subprocess.run([str(emulator), "generate", str(path), str(tmp_path / "t.bin"), "--tokens", ",".join(map(str, ids)), *map(str, flags)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok", r.stdout
+    assert np.fromfile(tmp_path / "t.bin", np.int32).size == 24

@@ -7,12 +7,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace edgerunner::cuda {
 
 // A shared-memory pointer as the 32-bit address the copy instructions take.
 __device__ __forceinline__ unsigned smem_address(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 
+#ifndef ER_CUDA_EMULATOR
 __device__ __forceinline__ void copy16(void* smem, const void* global) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_address(smem)), "l"(global));
 }
@@ -22,6 +24,12 @@ template <int N>
 __device__ __forceinline__ void wait_pending() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+#else  // (the CPU emulator, tests/cuda_emulator: a copy lands at once)
+__device__ __forceinline__ void copy16(void* smem, const void* global) { std::memcpy(smem, global, 16); }
+__device__ __forceinline__ void commit() {}
+template <int N>
+__device__ __forceinline__ void wait_pending() {}
+#endif
 
 // Bulk copies by the TMA unit (sm_90+): one lane asks for a whole chunk of a row in one
 // instruction (cp.async.bulk: 16-byte aligned ends, a multiple of 16 bytes), and the chunk's
@@ -72,6 +80,7 @@ __device__ __forceinline__ void barrier_wait(uint64_t* bar, unsigned parity) {
 // An L2 policy whose lines stay while others can go (sm_80+): for a streamed GEMV's outputs,
 // written while its weights pass through L2, and read by the next kernel (the same buffers every
 // step: gate·up's output, the logits, at most a few hundred KB). store_kept stores with it.
+#ifndef ER_CUDA_EMULATOR
 __device__ __forceinline__ uint64_t evict_last_policy() {
     uint64_t p;
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
@@ -80,6 +89,10 @@ __device__ __forceinline__ uint64_t evict_last_policy() {
 __device__ __forceinline__ void store_kept(float* p, float v, uint64_t policy) {
     asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(p), "f"(v), "l"(policy) : "memory");
 }
+#else
+__device__ __forceinline__ uint64_t evict_last_policy() { return 0; }
+__device__ __forceinline__ void store_kept(float* p, float v, uint64_t) { *p = v; }
+#endif
 
 // Copy [begin, begin + bytes) into dst as 16-byte pieces from the 16-byte boundary at or below
 // begin (lanes `lane` of `lanes`); returns where begin landed.

@@ -454,6 +454,7 @@ struct TiledAttention {
 // other attention kernels write them (write_head).
 constexpr int kFlashWarps = 4, kFlashKeys = 64;
 
+#ifndef ER_CUDA_EMULATOR
 __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -470,6 +471,11 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
     else
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
+#else  // (the CPU emulator runs no tensor-core kernel: its tests keep prefill chunks under kPrefillKernelTokens)
+__device__ __forceinline__ void mma_f16(float (&)[4], const uint32_t (&)[4], uint32_t, uint32_t) { er_cuda_emulator::not_emulated("mma.sync"); }
+template <bool Trans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&)[4], const void*) { er_cuda_emulator::not_emulated("ldmatrix"); }
+#endif
 
 template <KvType K, int HD>
 struct FlashAttention {

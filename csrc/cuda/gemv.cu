@@ -1305,7 +1305,11 @@ template <typename Block>
 void rearrange(void (*kernel)(uint8_t*, int64_t), uint8_t* data, size_t bytes, cudaStream_t stream) {
     const int64_t n_blocks = static_cast<int64_t>(bytes / sizeof(Block));
     if (n_blocks == 0) return;
+#ifndef ER_CUDA_EMULATOR
     kernel<<<static_cast<unsigned>((n_blocks + 255) / 256), 256, 0, stream>>>(data, n_blocks);
+#else
+    er_cuda_emulator::launch_plain(static_cast<unsigned>((n_blocks + 255) / 256), 256, [=] { kernel(data, n_blocks); });
+#endif
     ER_CUDA(cudaGetLastError());
 }
 
@@ -1330,7 +1334,12 @@ void group(const uint8_t* from, uint8_t* to, int64_t rows, int64_t cols, size_t 
     if (from == to && from_row != to_row)
         throw std::logic_error("to_device_layout: rows of " + std::to_string(cols) + " values are padded to whole groups, not rearranged in place");
     const int64_t groups = rows * ((cols / 32 + 7) / 8);
+#ifndef ER_CUDA_EMULATOR
     group_device_layout<Block><<<static_cast<unsigned>((groups + 255) / 256), 256, 0, stream>>>(from, to, rows, static_cast<int>(cols / 32), from_row, to_row);
+#else
+    er_cuda_emulator::launch_plain(static_cast<unsigned>((groups + 255) / 256), 256,
+                                   [=] { group_device_layout<Block>(from, to, rows, static_cast<int>(cols / 32), from_row, to_row); });
+#endif
     ER_CUDA(cudaGetLastError());
 }
 

@@ -53,8 +53,12 @@ __device__ __forceinline__ void allow_next() {
 // Pull [p, p + bytes) towards L2 without waiting for it (one 128-byte line per lane and step).
 __device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes, int lane, int lanes) {
     const char* c = static_cast<const char*>(p);
+#ifndef ER_CUDA_EMULATOR
     for (size_t off = static_cast<size_t>(lane) * 128; off < bytes; off += static_cast<size_t>(lanes) * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
+#else
+    (void)c, (void)bytes, (void)lane, (void)lanes;
+#endif
 }
 
 template <class K>
@@ -93,6 +97,7 @@ __global__ void __launch_bounds__(K::kBlockThreads, K::kMinBlocks) by_table_boun
 }
 
 // Kernel K's two entry points (arguments by value, or from a device table).
+#ifndef ER_CUDA_EMULATOR
 template <class K>
 const void* value_entry() {
     if constexpr (kBounded<K>) return reinterpret_cast<const void*>(&by_value_bounded<K>);
@@ -103,6 +108,28 @@ const void* table_entry() {
     if constexpr (kBounded<K>) return reinterpret_cast<const void*>(&by_table_bounded<K>);
     else return reinterpret_cast<const void*>(&by_table<K>);
 }
+#else
+// (the CPU emulator, tests/cuda_emulator: both take what cudaLaunchKernelExC's first parameter
+// pointer points at, the Args themselves or the table pointer, and say which they are)
+template <class K>
+void emulated_by_value(const void* args) {
+    K::run(*static_cast<const typename K::Args*>(args));
+}
+template <class K>
+void emulated_by_table(const void* table) {
+    K::run(**static_cast<const typename K::Args* const*>(table));
+}
+template <class K>
+const void* value_entry() {
+    static const void* entry = er_cuda_emulator::entry(&emulated_by_value<K>, sizeof(typename K::Args));
+    return entry;
+}
+template <class K>
+const void* table_entry() {
+    static const void* entry = er_cuda_emulator::entry(&emulated_by_table<K>, sizeof(const void*));
+    return entry;
+}
+#endif
 
 // Steps of this many tokens or more take the prefill kernels (the tensor-core GEMM, the tiled
 // attention); smaller ones share the decode kernels' arithmetic token for token.

@@ -68,9 +68,14 @@ constexpr int kOnes = 0x01010101;
 // c + the dot of a's four unsigned bytes with b's four signed ones (dp4a.u32.s32: bytes up to 255,
 // such as nibbles left in place, 16 times their value).
 __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+#ifndef ER_CUDA_EMULATOR
     int d;
     asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
+#else
+    for (int i = 0; i < 4; ++i) c += static_cast<int>(a >> 8 * i & 0xFFu) * static_cast<int8_t>(b >> 8 * i);
+    return c;
+#endif
 }
 
 // A unit of activations as the dot products take it: the 32 int8 values as eight words, their

@@ -13,8 +13,12 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <stdexcept>
+#include <vector>
 
 #include "lanes.h"
 
@@ -35,13 +39,40 @@ struct dim3 {
 struct alignas(16) float4 {
     float x, y, z, w;
 };
+struct alignas(8) float2 {
+    float x, y;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(16) int4 {
+    int x, y, z, w;
+};
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+struct alignas(8) int2 {
+    int x, y;
+};
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+inline int4 make_int4(int x, int y, int z, int w) { return int4{x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
+inline int2 make_int2(int x, int y) { return int2{x, y}; }
+
+
+// The running thread's indices: set by the scheduler each time it switches to a thread.
+inline uint3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
 
 namespace er_cuda_emulator {
-inline uint3 thread_idx() { return uint3{er_emulator::current_thread(), 0, 0}; }
-inline uint3 block_idx() { return uint3{er_emulator::current_group(0), er_emulator::current_group(1), er_emulator::current_group(2)}; }
-inline uint3 grid_dim() { return uint3{er_emulator::grid_groups(0), er_emulator::grid_groups(1), er_emulator::grid_groups(2)}; }
-inline uint3 block_dim() { return uint3{er_emulator::group_threads(), 1, 1}; }
+inline void on_switch(uint32_t thread, const uint32_t group[3], const uint32_t groups[3], uint32_t threads) {
+    threadIdx = uint3{thread, 0, 0};
+    blockIdx = uint3{group[0], group[1], group[2]};
+    gridDim = dim3(groups[0], groups[1], groups[2]);
+    blockDim = dim3(threads);
+}
 
 template <typename T>
 uint64_t bits_of(T v) {
@@ -58,12 +89,9 @@ T of_bits(uint64_t b) {
 }
 }  // namespace er_cuda_emulator
 
-#define threadIdx (::er_cuda_emulator::thread_idx())
-#define blockIdx (::er_cuda_emulator::block_idx())
-#define gridDim (::er_cuda_emulator::grid_dim())
-#define blockDim (::er_cuda_emulator::block_dim())
 
 inline void __syncthreads() { er_emulator::threadgroup_barrier(); }
+inline void __syncwarp(unsigned = 0xFFFFFFFFu) { er_emulator::simdgroup_barrier(); }
 inline void __threadfence() {}
 inline void __threadfence_system() {}
 
@@ -76,6 +104,10 @@ template <typename T>
 T __shfl_down_sync(unsigned, T v, unsigned delta) {
     return er_cuda_emulator::of_bits<T>(er_emulator::simd_exchange(er_cuda_emulator::bits_of(v), er_emulator::kDown, delta));
 }
+template <typename T>
+T __shfl_sync(unsigned, T v, int src_lane) {
+    return er_cuda_emulator::of_bits<T>(er_emulator::simd_exchange(er_cuda_emulator::bits_of(v), er_emulator::kBroadcast, static_cast<uint32_t>(src_lane) % 32));
+}
 inline unsigned __ballot_sync(unsigned, int predicate) {
     return static_cast<unsigned>(er_emulator::simd_exchange(predicate != 0, er_emulator::kBallot, 0));
 }
@@ -84,6 +116,8 @@ inline unsigned __match_any_sync(unsigned, unsigned v) { return static_cast<unsi
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
+inline int __float_as_int(float f) { return er_cuda_emulator::of_bits<int>(er_cuda_emulator::bits_of(f)); }
+inline float __int_as_float(int i) { return er_cuda_emulator::of_bits<float>(static_cast<uint32_t>(i)); }
 inline unsigned __float_as_uint(float f) { return er_cuda_emulator::of_bits<unsigned>(er_cuda_emulator::bits_of(f)); }
 inline float __uint_as_float(unsigned u) { return er_cuda_emulator::of_bits<float>(u); }
 // (the host compiles these with -ffp-contract=off: each rounds once, as the intrinsics do)
@@ -91,6 +125,35 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline int __float2int_rn(float f) { return static_cast<int>(std::nearbyint(f)); }  // (the default rounding: to nearest even)
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }  // (the GPU's is an approximation)
+inline float __expf(float x) { return std::exp(x); }  // (the GPU's is an approximation: results differ in the last bits)
+template <typename T>
+T __ldcg(const T* p) {
+    return *p;
+}
+inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }
+
+// Byte and integer SIMD intrinsics
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; ++i) c += static_cast<int8_t>(a >> 8 * i) * static_cast<int8_t>(b >> 8 * i);
+    return c;
+}
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const uint64_t v = static_cast<uint64_t>(y) << 32 | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= static_cast<unsigned>(v >> 8 * (s >> 4 * i & 7) & 0xFF) << 8 * i;
+    return r;
+}
+inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
+    return static_cast<unsigned>((static_cast<uint64_t>(hi) << 32 | lo) >> (shift & 31));
+}
+inline unsigned __vsub4(unsigned a, unsigned b) {
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= ((a >> 8 * i) - (b >> 8 * i) & 0xFFu) << 8 * i;
+    return r;
+}
 
 template <typename T>
 T atomicAdd(T* p, T v) {
@@ -117,38 +180,238 @@ T atomicMin(T* p, T v) {
     return old;
 }
 
+namespace er_cuda_emulator {
+// A device instruction the emulator has no stand-in for was reached: the run stops, saying which.
+[[noreturn]] inline void not_emulated(const char* what) {
+    std::fprintf(stderr, "CUDA emulator: %s is not emulated (prefill chunks of 16 tokens or more take tensor cores)\n", what);
+    std::abort();
+}
+}  // namespace er_cuda_emulator
+
 // CUDA's global min and max (a kernel's unqualified calls)
 using std::max;
 using std::min;
 
 // ---- host API stand-ins --------------------------------------------------------------------
-enum cudaError_t { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorNotSupported = 801 };
+// A device like an A100 (compute capability 8.0: no Hopper-only paths, no programmatic dependent
+// launch). Device memory is host memory. Every stream operation runs when it is enqueued (one
+// valid order of a stream's work), except while a stream is captured into a graph: then it is
+// recorded, and cudaGraphLaunch runs the record (kernel arguments copied at capture, copies
+// reading their source when they run, as CUDA graphs do). Events and synchronization are no-ops.
+#define CUDART_VERSION 12080  // (what the emulator reports as its runtime)
+enum cudaError_t {
+    cudaSuccess = 0,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInsufficientDriver = 35,
+    cudaErrorNoDevice = 100,
+    cudaErrorNotSupported = 801,
+};
 typedef cudaError_t cudaError;
 typedef struct CUstream_st* cudaStream_t;
+typedef struct CUevent_st* cudaEvent_t;
+typedef struct CUgraph_st* cudaGraph_t;
+typedef struct CUgraphExec_st* cudaGraphExec_t;
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 enum cudaDriverEntryPointQueryResult { cudaDriverEntryPointSuccess = 0, cudaDriverEntryPointSymbolNotFound = 1 };
-enum { cudaEnableDefault = 0 };
-enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
+enum { cudaEnableDefault = 0, cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2 };
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2 };
+enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
+enum cudaDeviceAttr {
+    cudaDevAttrMultiProcessorCount = 16,
+    cudaDevAttrComputeCapabilityMajor = 75,
+    cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+    cudaDevAttrMaxAccessPolicyWindowSize = 109,
+};
+enum cudaAccessProperty { cudaAccessPropertyNormal = 0, cudaAccessPropertyStreaming = 1, cudaAccessPropertyPersisting = 2 };
+enum cudaLaunchAttributeID { cudaLaunchAttributeAccessPolicyWindow = 1, cudaLaunchAttributeProgrammaticStreamSerialization = 5 };
+struct cudaAccessPolicyWindow {
+    void* base_ptr;
+    size_t num_bytes;
+    float hitRatio;
+    cudaAccessProperty hitProp, missProp;
+};
+union cudaLaunchAttributeValue {
+    int programmaticStreamSerializationAllowed;
+    cudaAccessPolicyWindow accessPolicyWindow;
+};
+struct cudaLaunchAttribute {
+    cudaLaunchAttributeID id;
+    cudaLaunchAttributeValue val;
+};
+struct cudaLaunchConfig_t {
+    dim3 gridDim, blockDim;
+    size_t dynamicSmemBytes;
+    cudaStream_t stream;
+    cudaLaunchAttribute* attrs;
+    unsigned numAttrs;
+};
 struct cudaDeviceProp {
-    char name[256] = "CPU emulator";
+    char name[256] = "CUDA emulator (CPU)";
+    size_t totalGlobalMem = size_t{16} << 30;
+    int multiProcessorCount = 132, major = 8, minor = 0;
 };
 struct cudaFuncAttributes {
     size_t sharedSizeBytes = 0;
 };
 
+namespace er_cuda_emulator {
+constexpr size_t kSmemPerBlock = 163 * 1024;  // (an A100's opt-in limit; the emulator's dynamic arrays are this big)
+// SMs: an H200's 132, so that the runner's decisions that depend on them (which norms the GEMVs
+// write, grid sizes) are the measured device's; EDGERUNNER_CUDA_EMULATOR_SMS=N for another count.
+inline int sm_count() {
+    static const int n = [] {
+        const char* e = std::getenv("EDGERUNNER_CUDA_EMULATOR_SMS");
+        return e && std::atoi(e) > 0 ? std::atoi(e) : 132;
+    }();
+    return n;
+}
+
+// The launch's dynamic shared memory (what `extern __shared__ T name[];` names on the GPU: the
+// emulator's build turns each such declaration into a call of this, tests/cpp/CMakeLists.txt).
+inline unsigned char* dynamic_smem_bytes() {
+    alignas(16) static unsigned char memory[kSmemPerBlock];
+    return memory;
+}
+template <typename T>
+T* dynamic_smem() {
+    return reinterpret_cast<T*>(dynamic_smem_bytes());
+}
+
+// The entry points launch.cuh hands out, with the bytes of what their parameter points at.
+inline std::map<const void*, size_t>& entries() {
+    static std::map<const void*, size_t> m;
+    return m;
+}
+inline const void* entry(void (*fn)(const void*), size_t arg_bytes) {
+    const void* p = reinterpret_cast<const void*>(fn);
+    entries()[p] = arg_bytes;
+    return p;
+}
+
+struct Op {
+    const void* fn = nullptr;  // a kernel (else a copy)
+    std::vector<unsigned char> args;
+    unsigned grid[3] = {1, 1, 1}, threads = 0;
+    void* to = nullptr;
+    const void* from = nullptr;
+    size_t bytes = 0;
+};
+inline void invoke(const void* args, const void* fn, uint32_t, uint32_t, uint32_t, uint32_t) {
+    reinterpret_cast<void (*)(const void*)>(const_cast<void*>(fn))(args);
+}
+inline void run(const Op& op) {
+    if (!op.fn) {
+        std::memmove(op.to, op.from, op.bytes);
+        return;
+    }
+    er_emulator::set_switch_hook(on_switch);
+    er_emulator::run_grid(invoke, op.args.data(), op.fn, op.grid, op.threads);
+}
+struct Graph {
+    std::vector<Op> ops;
+};
+// A kernel launched with <<<grid, threads>>> (which C++ does not parse): f runs as each thread.
+template <class F>
+void launch_plain(unsigned grid, unsigned threads, F f) {
+    const uint32_t groups[3] = {grid, 1, 1};
+    er_emulator::set_switch_hook(on_switch);
+    er_emulator::run_grid([](const void* fn, const void*, uint32_t, uint32_t, uint32_t, uint32_t) { (*static_cast<const F*>(fn))(); }, &f,
+                          nullptr, groups, threads);
+}
+inline Graph*& capturing() {  // the graph being captured, or null
+    static Graph* g = nullptr;
+    return g;
+}
+inline void submit(Op op) {
+    if (capturing()) capturing()->ops.push_back(std::move(op));
+    else run(op);
+}
+}  // namespace er_cuda_emulator
+
 inline const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "not supported by the emulator"; }
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline cudaError_t cudaGetDeviceCount(int* n) { return *n = 1, cudaSuccess; }
 inline cudaError_t cudaGetDevice(int* d) { return *d = 0, cudaSuccess; }
 inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorNotSupported; }
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) { return *p = cudaDeviceProp{}, cudaSuccess; }
-inline cudaError_t cudaMemGetInfo(size_t* free, size_t* total) { return *free = *total = 0, cudaErrorNotSupported; }
-inline cudaError_t cudaMalloc(void** p, size_t bytes) { return (*p = std::calloc(1, bytes)) ? cudaSuccess : cudaErrorMemoryAllocation; }
+inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
+    switch (a) {
+        case cudaDevAttrMultiProcessorCount: *v = er_cuda_emulator::sm_count(); break;
+        case cudaDevAttrComputeCapabilityMajor: *v = 8; break;
+        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = static_cast<int>(er_cuda_emulator::kSmemPerBlock); break;
+        case cudaDevAttrMaxAccessPolicyWindowSize: *v = 0; break;
+    }
+    return cudaSuccess;
+}
+inline cudaError_t cudaMemGetInfo(size_t* free, size_t* total) { return *free = *total = size_t{16} << 30, cudaSuccess; }
+// (64 bytes of slack: staged copies round a row's ends out to 16-byte boundaries)
+inline cudaError_t cudaMalloc(void** p, size_t bytes) { return (*p = std::calloc(1, bytes + 64)) ? cudaSuccess : cudaErrorMemoryAllocation; }
+inline cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
 inline cudaError_t cudaFree(void* p) { return std::free(p), cudaSuccess; }
-inline cudaError_t cudaMemcpy(void* to, const void* from, size_t bytes, cudaMemcpyKind) { return std::memcpy(to, from, bytes), cudaSuccess; }
+inline cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
+inline cudaError_t cudaMemset(void* p, int v, size_t bytes) { return std::memset(p, v, bytes), cudaSuccess; }
+inline cudaError_t cudaMemcpy(void* to, const void* from, size_t bytes, cudaMemcpyKind) { return std::memmove(to, from, bytes), cudaSuccess; }
+inline cudaError_t cudaMemcpyAsync(void* to, const void* from, size_t bytes, cudaMemcpyKind, cudaStream_t = nullptr) {
+    er_cuda_emulator::Op op;
+    op.to = to, op.from = from, op.bytes = bytes;
+    er_cuda_emulator::submit(std::move(op));
+    return cudaSuccess;
+}
 inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, const void*) { return *a = cudaFuncAttributes{}, cudaSuccess; }
 inline cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
+inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, const void*, int threads, size_t) {
+    return *n = std::max(1, 2048 / std::max(1, threads)), cudaSuccess;
+}
+inline cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* c, const void* fn, void** args) {
+    const auto it = er_cuda_emulator::entries().find(fn);
+    if (it == er_cuda_emulator::entries().end()) throw std::logic_error("CUDA emulator: a launch of an unknown entry point");
+    if (c->blockDim.y != 1 || c->blockDim.z != 1) throw std::logic_error("CUDA emulator: blocks are one-dimensional here");
+    if (c->dynamicSmemBytes > er_cuda_emulator::kSmemPerBlock) throw std::logic_error("CUDA emulator: dynamic shared memory past the limit");
+    er_cuda_emulator::Op op;
+    op.fn = fn;
+    const auto* bytes = static_cast<const unsigned char*>(args[0]);
+    op.args.assign(bytes, bytes + it->second);
+    op.grid[0] = c->gridDim.x, op.grid[1] = c->gridDim.y, op.grid[2] = c->gridDim.z;
+    op.threads = c->blockDim.x;
+    er_cuda_emulator::submit(std::move(op));
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return *s = nullptr, cudaSuccess; }
+inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+    if (er_cuda_emulator::capturing()) throw std::logic_error("CUDA emulator: a capture within a capture");
+    er_cuda_emulator::capturing() = new er_cuda_emulator::Graph;
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* g) {
+    *g = reinterpret_cast<cudaGraph_t>(er_cuda_emulator::capturing());
+    er_cuda_emulator::capturing() = nullptr;
+    return cudaSuccess;
+}
+inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t g, unsigned long long = 0) {
+    *e = reinterpret_cast<cudaGraphExec_t>(new er_cuda_emulator::Graph(*reinterpret_cast<er_cuda_emulator::Graph*>(g)));
+    return cudaSuccess;
+}
+inline cudaError_t cudaGraphDestroy(cudaGraph_t g) { return delete reinterpret_cast<er_cuda_emulator::Graph*>(g), cudaSuccess; }
+inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { return delete reinterpret_cast<er_cuda_emulator::Graph*>(e), cudaSuccess; }
+inline cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t) {
+    for (const er_cuda_emulator::Op& op : reinterpret_cast<er_cuda_emulator::Graph*>(e)->ops) er_cuda_emulator::run(op);
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventCreate(cudaEvent_t* e) { return *e = nullptr, cudaSuccess; }
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return *e = nullptr, cudaSuccess; }
+inline cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = nullptr) { return cudaSuccess; }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) { return *ms = 0.0f, cudaSuccess; }
 inline cudaError_t cudaGetDriverEntryPointByVersion(const char*, void** f, unsigned, int, cudaDriverEntryPointQueryResult* r) {
     *f = nullptr;
     *r = cudaDriverEntryPointSymbolNotFound;
+    return cudaErrorNotSupported;
+}
+template <typename T>
+cudaError_t cudaMemcpyToSymbol(T&, const void*, size_t) {
     return cudaErrorNotSupported;
 }

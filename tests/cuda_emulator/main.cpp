@@ -1,9 +1,21 @@
-// cuda_emulator: runs csrc/cuda kernels on the CPU, for the tests on machines without a GPU
-// (tests/test_cuda_emulated.py compares what it prints and writes with the CPU backend and NumPy).
-// The kernel files are compiled as C++ against this folder's <cuda_runtime.h>; the Launch each
-// host function of the backend builds (its grid, its block, its argument bytes) runs here on the
-// coroutine scheduler (tests/lanes), so what runs is the backend's own launch as well as its body.
-// Files are raw little-endian arrays.
+// cuda_emulator: the CUDA backend on the CPU, for the tests on machines without a GPU
+// (tests/test_cuda_emulated.py compares what it prints and writes with the CPU backend, the CPU
+// sampler, float64 references and NumPy). csrc/cuda is compiled as C++ against this folder's
+// <cuda_runtime.h> and runs on the coroutine scheduler (tests/lanes); the session, the runner,
+// its fusion decisions, step blocks, graphs and chains are the backend's own
+// (tests/cpp/CMakeLists.txt). Files are raw little-endian arrays.
+//
+//   cuda_emulator logits MODEL OUT --tokens 1,2,3 [--chunk N] [--n-ctx N] [--kv f16] [--dispatch D] [--decode-from K]
+//       every position's logits (n × n_vocab float32) from one eval_all; with --decode-from K the
+//       first K tokens are one eval and the rest one append each: rows for positions K-1 … n-1
+//   cuda_emulator matmul TYPE ROWS COLS N_TOKENS W_FILE X_FILE OUT
+//       the backend's matmul (cuda::matmul: the runner's kernel choice, one token or several) of
+//       ROWS raw rows of TYPE (the file's blocks) with N_TOKENS float32 rows of COLS: OUT, N_TOKENS × ROWS
+//   cuda_emulator generate MODEL OUT --tokens ... --steps N [--dispatch D] [--chunk N] [sampling options as sample's]
+//       the prompt, then N tokens from Session::generate (recorded dispatch: chained steps drawn on
+//       the device); then each one checked against the CPU sampler on the logits of a second
+//       session of the same model (eager, its steps one at a time) with the whole history: writes
+//       the tokens (int32), prints "ok" or the first step that differs
 //
 //   cuda_emulator sample LOGITS_FILE [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [--step S]
 //       [--history FILE] [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]
@@ -20,7 +32,9 @@
 #include <string>
 #include <vector>
 
+#include "../../csrc/cuda/cuda.h"
 #include "../../csrc/cuda/sample.cuh"
+#include "edgerunner/engine.h"
 #include "lanes.h"
 
 using namespace edgerunner;
@@ -43,15 +57,18 @@ void write_file(const std::string& path, const void* data, size_t bytes) {
     if (!f) throw std::runtime_error("cannot write " + path);
 }
 
-// A thread of a launch: its kernel's entry (by_table<K>, which reads the Args from a pointer).
-void invoke(const void* args, const void* entry, uint32_t, uint32_t, uint32_t, uint32_t) {
-    reinterpret_cast<void (*)(const void*)>(const_cast<void*>(entry))(args);
-}
+// A launch as the backend enqueues it (here it runs at once).
+void run(const cuda::Launch& l) { cuda::enqueue(l, nullptr, nullptr, false); }
 
-void run(const cuda::Launch& l) {
-    if (l.block.y != 1 || l.block.z != 1) throw std::logic_error("the emulator runs one-dimensional blocks");
-    const uint32_t groups[3] = {l.grid.x, l.grid.y, l.grid.z};
-    er_emulator::run_grid(invoke, l.args, l.by_table, groups, l.block.x);
+std::vector<int32_t> parse_tokens(const std::string& s) {
+    std::vector<int32_t> out;
+    for (size_t i = 0; i < s.size();) {
+        size_t j = s.find(',', i);
+        if (j == std::string::npos) j = s.size();
+        out.push_back(static_cast<int32_t>(std::stol(s.substr(i, j - i))));
+        i = j + 1;
+    }
+    return out;
 }
 
 std::vector<std::pair<int32_t, float>> parse_bias(const std::string& s) {
@@ -69,13 +86,15 @@ std::vector<std::pair<int32_t, float>> parse_bias(const std::string& s) {
     return out;
 }
 
-int sample(const std::string& logits_path, const std::map<std::string, std::string>& o) {
-    auto get = [&](const char* k, const char* fallback) {
-        auto it = o.find(k);
-        return it == o.end() ? std::string(fallback) : it->second;
-    };
-    std::vector<float> logits = read_array<float>(logits_path);
-    const int32_t n = static_cast<int32_t>(logits.size());
+using Options = std::map<std::string, std::string>;
+
+std::string get(const Options& o, const char* k, const char* fallback) {
+    auto it = o.find(k);
+    return it == o.end() ? std::string(fallback) : it->second;
+}
+
+SamplingParams sampling(const Options& o) {
+    auto get = [&](const char* k, const char* fallback) { return ::get(o, k, fallback); };
     SamplingParams p;
     p.temperature = std::stof(get("temperature", "0"));
     p.top_k = std::stoi(get("top-k", "0"));
@@ -87,6 +106,14 @@ int sample(const std::string& logits_path, const std::map<std::string, std::stri
     p.frequency_penalty = std::stof(get("frequency-penalty", "0"));
     p.penalty_last_n = std::stoi(get("penalty-last-n", "64"));
     p.logit_bias = parse_bias(get("bias", ""));
+    return p;
+}
+
+int cmd_sample(const std::string& logits_path, const Options& o) {
+    auto get = [&](const char* k, const char* fallback) { return ::get(o, k, fallback); };
+    std::vector<float> logits = read_array<float>(logits_path);
+    const int32_t n = static_cast<int32_t>(logits.size());
+    const SamplingParams p = sampling(o);
     Sampler check(n, p);  // (the parameters' checks)
     std::vector<int32_t> history = o.count("history") ? read_array<int32_t>(o.at("history")) : std::vector<int32_t>{0};
     const std::vector<std::pair<int32_t, float>> bias = merged_bias(p.logit_bias);
@@ -122,21 +149,100 @@ int sample(const std::string& logits_path, const std::map<std::string, std::stri
     return 0;
 }
 
+TensorType type_named(const std::string& name) {
+    for (uint32_t id = 0; id < 64; ++id)
+        if (const auto info = tensor_type_info(id); info && info->name == name) return info->type;
+    throw std::invalid_argument("no tensor type " + name);
+}
+
+int cmd_matmul(char** p) {
+    const TensorType type = type_named(p[0]);
+    const int64_t rows = std::stoll(p[1]), cols = std::stoll(p[2]), n_tokens = std::stoll(p[3]);
+    const std::vector<uint8_t> w = read_array<uint8_t>(p[4]);
+    const std::vector<float> x = read_array<float>(p[5]);
+    const std::vector<float> y = cuda::matmul(type, w.data(), rows, w.size() / static_cast<size_t>(rows), x.data(), n_tokens, cols, cuda::GemmKernel::Auto);
+    write_file(p[6], y.data(), y.size() * sizeof(float));
+    return 0;
+}
+
+std::shared_ptr<Model> load(const std::string& path, const Options& o, const char* dispatch) {
+    LoadOptions lo;
+    lo.backend = "cuda";
+    lo.dispatch = get(o, "dispatch", dispatch);
+    lo.kv_type = get(o, "kv", "f16");
+    lo.prefill_chunk = std::stoll(get(o, "chunk", "8"));
+    lo.n_ctx = std::stoll(get(o, "n-ctx", "256"));
+    return Model::load(path, lo);
+}
+
+int cmd_logits(const std::string& path, const std::string& out_path, const Options& o) {
+    const auto model = load(path, o, "recorded");
+    Session s(model);
+    const std::vector<int32_t> ids = parse_tokens(get(o, "tokens", ""));
+    const size_t n = ids.size(), vocab = static_cast<size_t>(model->config().n_vocab);
+    const size_t k = std::stoull(get(o, "decode-from", "0"));
+    std::vector<float> out;
+    if (k == 0) {
+        out.resize(n * vocab);
+        s.eval_all(ids.data(), n, out.data());
+    } else {
+        s.eval(ids.data(), k);
+        out.insert(out.end(), s.logits(), s.logits() + vocab);
+        for (size_t t = k; t < n; ++t) {
+            s.append(ids[t]);
+            out.insert(out.end(), s.logits(), s.logits() + vocab);
+        }
+    }
+    write_file(out_path, out.data(), out.size() * sizeof(float));
+    return 0;
+}
+
+int cmd_generate(const std::string& path, const std::string& out_path, const Options& o) {
+    const auto model = load(path, o, "recorded");
+    const auto reference = load(path, o, "eager");
+    const std::vector<int32_t> ids = parse_tokens(get(o, "tokens", ""));
+    const SamplingParams p = sampling(o);
+    const int32_t vocab = model->config().n_vocab;
+    Session s(model), r(reference);
+    s.eval(ids.data(), ids.size());
+    Sampler drawing(vocab, p);
+    const std::vector<int32_t> out = s.generate(drawing, std::stoll(get(o, "steps", "8")), {});
+    write_file(out_path, out.data(), out.size() * sizeof(int32_t));
+    r.eval(ids.data(), ids.size());
+    Sampler checking(vocab, p);
+    for (size_t i = 0; i < out.size(); ++i) {
+        const std::vector<int32_t>& h = r.tokens();
+        const int32_t want = checking.sample(r.logits(), h.data(), h.size(), h.size());
+        if (out[i] != want) {
+            std::printf("step %zu: drew %d, the CPU sampler %d\n", i, out[i], want);
+            return 0;
+        }
+        r.append(out[i]);
+    }
+    std::printf("ok\n");
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     try {
-        if (argc < 3 || std::string(argv[1]) != "sample") {
-            std::fprintf(stderr, "usage: cuda_emulator sample LOGITS_FILE [options] (see main.cpp)\n");
+        const std::string cmd = argc > 1 ? argv[1] : "";
+        if (cmd == "matmul" && argc == 9) return cmd_matmul(argv + 2);
+        const int positional = cmd == "sample" ? 1 : 2;
+        if ((cmd != "sample" && cmd != "logits" && cmd != "generate") || argc < 2 + positional) {
+            std::fprintf(stderr, "usage: cuda_emulator sample|logits|matmul|generate ... (see main.cpp)\n");
             return 2;
         }
-        std::map<std::string, std::string> options;
-        for (int i = 3; i < argc; ++i) {
+        Options options;
+        for (int i = 2 + positional; i < argc; ++i) {
             const std::string a = argv[i];
             if (a.rfind("--", 0) != 0 || i + 1 >= argc) throw std::invalid_argument("bad argument " + a);
             options[a.substr(2)] = argv[++i];
         }
-        return sample(argv[2], options);
+        if (cmd == "sample") return cmd_sample(argv[2], options);
+        if (cmd == "logits") return cmd_logits(argv[2], argv[3], options);
+        return cmd_generate(argv[2], argv[3], options);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "cuda_emulator: %s\n", e.what());
         return 1;

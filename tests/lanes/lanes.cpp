@@ -49,6 +49,7 @@ struct Grid {
     uint32_t group[3] = {0, 0, 0}, groups[3] = {0, 0, 0};
     uint32_t threads = 0;
     uint32_t current = 0;
+    SwitchHook hook = nullptr;
     jmp_buf scheduler;
     std::unique_ptr<Lane[]> lanes{new Lane[kMaxThreads]};
     std::unique_ptr<char[]> stacks{new char[kMaxThreads * kStackBytes]};
@@ -197,6 +198,7 @@ uint32_t current_thread() { return grid().current; }
 uint32_t current_group(int axis) { return grid().group[axis]; }
 uint32_t grid_groups(int axis) { return grid().groups[axis]; }
 uint32_t group_threads() { return grid().threads; }
+void set_switch_hook(SwitchHook hook) { grid().hook = hook; }
 
 void run_grid(Invoke fn, const void* args, const void* extra, const uint32_t groups[3], uint32_t threads) {
     if (threads == 0 || threads > kMaxThreads || threads % kSimd != 0)
@@ -231,6 +233,7 @@ void run_grid(Invoke fn, const void* args, const void* extra, const uint32_t gro
                         if (l.state != State::Running) continue;
                         ran = true;
                         g.current = t;
+                        if (g.hook) g.hook(t, g.group, g.groups, g.threads);
                         if (_setjmp(g.scheduler) == 0) {
                             if (l.started) _longjmp(l.jump, 1);
                             l.started = true;

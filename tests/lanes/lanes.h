@@ -22,6 +22,10 @@ uint32_t current_thread();
 uint32_t current_group(int axis);
 uint32_t grid_groups(int axis);
 uint32_t group_threads();
+// Called with those each time the scheduler runs a thread (null: nothing; the CUDA emulator keeps
+// threadIdx and the others there).
+using SwitchHook = void (*)(uint32_t thread, const uint32_t group[3], const uint32_t groups[3], uint32_t threads);
+void set_switch_hook(SwitchHook hook);
 
 // Synchronization for the kernels' barriers and SIMD-group functions (called from kernel code).
 void threadgroup_barrier();
