@@ -226,6 +226,24 @@ def test_emulated_cuda_steps_and_dispatch_modes_agree(emulator, tmp_path, ttype,
         assert np.array_equal(steps, full[4:]), f"{dispatch}: rows {np.nonzero((steps != full[4:]).any(1))[0]} differ"
 
 
+@pytest.mark.parametrize("ttype,over", [("F32", {}), ("Q8_0", dict(n_kv_heads=2)), ("Q4_K", dict(dim=256, ffn_dim=512))],
+                         ids=["F32", "Q8_0", "Q4_K"])
+def test_emulated_cuda_gemma3_matches_the_cpu_backend(emulator, tmp_path, ttype, over):
+    """Gemma 3 (scaled embeddings, the GELU gate in the gate+up GEMV, post-norms into the residual,
+    per-head Q/K norms, local layers with their own RoPE base, window and ring cache): 40 tokens
+    (steps of 8, over the 5 of 6 layers windowed to 8) and 8 one-token steps after 32 of them,
+    against the CPU backend's precise mode (itself equal to transformers, test_hf_oracle), within
+    5% of the logit range, as on the GPU (tests/test_cuda_engine.py)."""
+    path = tmp_path / "g.gguf"
+    write_random_model(path, arch="gemma3", preset="tiny", tensor_type=ttype, seed=21, **over)
+    ids = prompt(np.random.default_rng(5), 40)
+    want = _core.Session(_core.Model.load(str(path), backend="cpu", precise=True, prefill_chunk=8)).eval_all(ids)
+    scale = np.abs(want).max()
+    for got in (cuda_logits(emulator, path, ids), cuda_logits(emulator, path, ids, decode_from=32)):
+        err = np.abs(got - want[-len(got):]).max()
+        assert err <= 0.05 * scale, f"gemma3 {ttype}: max |Δ| {err:.3g} of |logit| max {scale:.3g}"
+
+
 GENERATION = [dict(temperature=0.8, seed=3), dict(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05, seed=4),
               dict(repetition_penalty=1.5, seed=1),
               dict(temperature=0.9, repetition_penalty=1.4, frequency_penalty=0.3, penalty_last_n=3, seed=5),

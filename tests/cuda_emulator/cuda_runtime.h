@@ -1,11 +1,12 @@
-// <cuda_runtime.h> for running csrc/cuda kernels on the CPU (tests/cuda_emulator): the kernels
-// are compiled as ordinary C++ and every thread of a block runs as a coroutine (tests/lanes), so
-// __syncthreads and the warp functions really synchronize. `__shared__` variables become
-// function statics shared by the coroutines of the one block that runs at a time; atomics are
-// plain read-modify-writes (one thread runs at a time, and switches only at a barrier or a warp
-// function); fences do nothing. Host calls are stand-ins over host memory, enough for
-// csrc/cuda/check.cuh and launch.cuh to compile and for the emulator to allocate. The subset is
-// what the emulated kernel files use (csrc/cuda/sample.cu); a kernel that needs more fails to
+// <cuda_runtime.h> for running csrc/cuda on the CPU (tests/cuda_emulator): the kernels are
+// compiled as ordinary C++ and every thread of a block runs as a coroutine (tests/lanes), so
+// __syncthreads and the warp functions really synchronize; threadIdx and its kin are globals the
+// scheduler sets as it switches threads. `__shared__` variables become function statics shared
+// by the coroutines of the one block that runs at a time; atomics are plain read-modify-writes
+// (one thread runs at a time, and switches only at a barrier or a warp function); fences do
+// nothing. Device intrinsics whose GPU result is an approximation (__expf, rsqrtf) are exact
+// here. The host API is the subset the backend calls (below). The kernel files compile with
+// -fno-strict-aliasing, as nvcc treats their reinterpret_casts. A file that needs more fails to
 // compile here, which is the cue to add it.
 #pragma once
 
@@ -61,7 +62,6 @@ inline int4 make_int4(int x, int y, int z, int w) { return int4{x, y, z, w}; }
 inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 inline int2 make_int2(int x, int y) { return int2{x, y}; }
 
-
 // The running thread's indices: set by the scheduler each time it switches to a thread.
 inline uint3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
@@ -88,7 +88,6 @@ T of_bits(uint64_t b) {
     return v;
 }
 }  // namespace er_cuda_emulator
-
 
 inline void __syncthreads() { er_emulator::threadgroup_barrier(); }
 inline void __syncwarp(unsigned = 0xFFFFFFFFu) { er_emulator::simdgroup_barrier(); }
@@ -193,11 +192,12 @@ using std::max;
 using std::min;
 
 // ---- host API stand-ins --------------------------------------------------------------------
-// A device like an A100 (compute capability 8.0: no Hopper-only paths, no programmatic dependent
-// launch). Device memory is host memory. Every stream operation runs when it is enqueued (one
-// valid order of a stream's work), except while a stream is captured into a graph: then it is
-// recorded, and cudaGraphLaunch runs the record (kernel arguments copied at capture, copies
-// reading their source when they run, as CUDA graphs do). Events and synchronization are no-ops.
+// A device of compute capability 8.0 (no Hopper-only paths, no programmatic dependent launch)
+// with an H200's SM count and an A100's shared memory. Device memory is host memory. Every stream
+// operation runs when it is enqueued (one valid order of a stream's work), except while a stream
+// is captured into a graph: then it is recorded, and cudaGraphLaunch runs the record (kernel
+// arguments copied at capture, copies reading their source when they run, as CUDA graphs do).
+// Events and synchronization are no-ops.
 #define CUDART_VERSION 12080  // (what the emulator reports as its runtime)
 enum cudaError_t {
     cudaSuccess = 0,
