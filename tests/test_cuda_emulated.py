@@ -251,6 +251,15 @@ GENERATION = [dict(temperature=0.8, seed=3), dict(temperature=1.0, top_k=40, top
               dict(temperature=1.0, top_k=40, frequency_penalty=0.5, penalty_last_n=-1, logit_bias={7: -np.inf, 319: 3.0}, seed=2)]
 
 
+def generate(emulator, tmp_path, path, ids, *flags) -> np.ndarray:
+    """The emulator's generate (see its main.cpp): the tokens, after asserting it printed "ok"."""
+    r = subprocess.run([str(emulator), "generate", str(path), str(tmp_path / "t.bin"), "--tokens", ",".join(map(str, ids)),
+                        *map(str, flags)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok", r.stdout
+    return np.fromfile(tmp_path / "t.bin", np.int32)
+
+
 @pytest.mark.parametrize("params", GENERATION, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
 @pytest.mark.parametrize("dispatch", DISPATCH)
 def test_emulated_cuda_generation_draws_as_the_cpu_sampler(emulator, tmp_path, params, dispatch):
@@ -264,8 +273,24 @@ def test_emulated_cuda_generation_draws_as_the_cpu_sampler(emulator, tmp_path, p
     flags = ["--steps", 24, "--dispatch", dispatch]
     for k, v in params.items():
         flags += ["--bias", ",".join(f"{t}:{b!r}" for t, b in v.items())] if k == "logit_bias" else [f"--{k.replace('_', '-')}", v]
-    r = subprocess.run([str(emulator), "generate", str(path), str(tmp_path / "t.bin"), "--tokens", ",".join(map(str, ids)), *map(str, flags)],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "ok", r.stdout
-    assert np.fromfile(tmp_path / "t.bin", np.int32).size == 24
+    assert generate(emulator, tmp_path, path, ids, *flags).size == 24
+
+
+@pytest.mark.parametrize("dispatch", DISPATCH)
+def test_emulated_cuda_generation_ends_as_asked(emulator, tmp_path, dispatch):
+    """A stop token met mid-chain (the steps in flight past it dropped), a context that fills up,
+    and the Python layer's loop (append_sampled told how many draws may follow) instead of
+    Session::generate: each draw the CPU sampler's, and the session's cache and last logits those
+    of the reference session that stepped through the same tokens, bit for bit."""
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=4)
+    ids = list(prompt(np.random.default_rng(2), 9))
+    common = ["--dispatch", dispatch, "--temperature", 0.9, "--frequency-penalty", 0.3, "--penalty-last-n", 5, "--seed", 11]
+    full = generate(emulator, tmp_path, path, ids, "--steps", 20, *common)
+    assert full.size == 20
+    for loop in (0, 1):
+        assert generate(emulator, tmp_path, path, ids, "--steps", 20, "--loop", loop, *common).tolist() == full.tolist()
+        stopped = generate(emulator, tmp_path, path, ids, "--steps", 20, "--stop", full[5], "--loop", loop, *common)
+        assert stopped.tolist() == full[: list(full).index(full[5]) + 1].tolist()
+        filled = generate(emulator, tmp_path, path, ids, "--steps", 20, "--n-ctx", len(ids) + 12, "--loop", loop, *common)
+        assert filled.tolist() == full[:13].tolist()  # (12 appended, the 13th drawn from the full context's last logits)

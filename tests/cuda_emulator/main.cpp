@@ -11,11 +11,14 @@
 //   cuda_emulator matmul TYPE ROWS COLS N_TOKENS W_FILE X_FILE OUT
 //       the backend's matmul (cuda::matmul: the runner's kernel choice, one token or several) of
 //       ROWS raw rows of TYPE (the file's blocks) with N_TOKENS float32 rows of COLS: OUT, N_TOKENS × ROWS
-//   cuda_emulator generate MODEL OUT --tokens ... --steps N [--dispatch D] [--chunk N] [sampling options as sample's]
-//       the prompt, then N tokens from Session::generate (recorded dispatch: chained steps drawn on
-//       the device); then each one checked against the CPU sampler on the logits of a second
-//       session of the same model (eager, its steps one at a time) with the whole history: writes
-//       the tokens (int32), prints "ok" or the first step that differs
+//   cuda_emulator generate MODEL OUT --tokens ... --steps N [--stop T,...] [--loop 1] [--dispatch D] [--chunk N]
+//       [--n-ctx N] [sampling options as sample's]
+//       the prompt, then up to N tokens from Session::generate (recorded dispatch: chained steps
+//       drawn on the device), or with --loop 1 from the Python layer's loop (append_sampled told
+//       how many draws may follow); then each checked against the CPU sampler on the logits of a
+//       second session of the same model (eager, a step at a time) with the whole history, and
+//       the session's cache and last logits against that session's (bit for bit): writes the
+//       tokens (int32), prints "ok" or what differs
 //
 //   cuda_emulator sample LOGITS_FILE [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [--step S]
 //       [--history FILE] [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]
@@ -23,7 +26,9 @@
 //       the device sampler (sample.cu) over n_vocab float32 logits, after the penalize kernel where
 //       bias or penalties are on: prints the token. The history (int32) is the tokens at positions
 //       0 … H-1, the step's token last; --penalized writes the logits penalize made.
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -201,12 +206,22 @@ int cmd_generate(const std::string& path, const std::string& out_path, const Opt
     const auto model = load(path, o, "recorded");
     const auto reference = load(path, o, "eager");
     const std::vector<int32_t> ids = parse_tokens(get(o, "tokens", ""));
+    const std::vector<int32_t> stops = parse_tokens(get(o, "stop", ""));
     const SamplingParams p = sampling(o);
     const int32_t vocab = model->config().n_vocab;
+    const int64_t steps = std::stoll(get(o, "steps", "8"));
     Session s(model), r(reference);
     s.eval(ids.data(), ids.size());
     Sampler drawing(vocab, p);
-    const std::vector<int32_t> out = s.generate(drawing, std::stoll(get(o, "steps", "8")), {});
+    std::vector<int32_t> out;
+    if (get(o, "loop", "0") == "0") {
+        out = s.generate(drawing, steps, stops);
+    } else {  // the Python layer's loop: a host draw, then append_sampled told how many may follow
+        for (int64_t i = 0; i < steps && static_cast<int64_t>(s.tokens().size()) < s.n_ctx(); ++i) {
+            out.push_back(i == 0 ? s.sample(drawing) : s.append_sampled(out.back(), drawing, steps - 1 - i));
+            if (std::find(stops.begin(), stops.end(), out.back()) != stops.end()) break;
+        }
+    }
     write_file(out_path, out.data(), out.size() * sizeof(int32_t));
     r.eval(ids.data(), ids.size());
     Sampler checking(vocab, p);
@@ -217,7 +232,18 @@ int cmd_generate(const std::string& path, const std::string& out_path, const Opt
             std::printf("step %zu: drew %d, the CPU sampler %d\n", i, out[i], want);
             return 0;
         }
-        r.append(out[i]);
+        if (i + 1 < out.size()) r.append(out[i]);
+    }
+    // the session holds the prompt and the draws (generate appends the last one too, unless it
+    // stopped on it or the context is full), and the logits that follow them
+    if (!out.empty() && s.tokens().size() == r.tokens().size() + 1) r.append(out.back());
+    if (s.tokens() != r.tokens()) {
+        std::printf("the session holds %zu tokens, the reference %zu\n", s.tokens().size(), r.tokens().size());
+        return 0;
+    }
+    if (std::memcmp(s.logits(), r.logits(), static_cast<size_t>(vocab) * sizeof(float)) != 0) {
+        std::printf("the session's last logits differ from the reference's\n");
+        return 0;
     }
     std::printf("ok\n");
     return 0;
