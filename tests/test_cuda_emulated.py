@@ -5,8 +5,9 @@ tests/cuda_emulator compiles csrc/cuda against a stand-in <cuda_runtime.h> whose
 warp functions (shuffles, ballot, match) really synchronize the threads of a block (each thread a
 coroutine, tests/lanes), and links the core's session compiled for CUDA: what runs is the
 backend's own code from Model::load down (the runner's fusion decisions, step blocks, the three
-dispatch modes with their argument tables and graphs, the chained decode steps, the samplers),
-on an emulated device of an H200's 132 SMs and compute capability 8.0. What this proves: the
+dispatch modes with their argument tables and graphs, the chained decode steps, the samplers,
+the device guard of backend="cuda:N"), on emulated devices of an H200's 132 SMs and compute
+capability 8.0 (one, or two where a test sets EDGERUNNER_CUDA_EMULATOR_DEVICES). What this proves: the
 kernels' arithmetic, indexing, block slicing, merges across blocks and the collectives' logic, and
 the host's plans. What it cannot: nvcc, the GPU's memory model and scheduling (one block runs,
 then the next, a block's threads in turn; streams run each operation when it is enqueued), CUDA's
@@ -20,6 +21,7 @@ equals NumPy's float32 transform bit for bit; the sampler's draw equals the CPU 
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -294,3 +296,20 @@ def test_emulated_cuda_generation_ends_as_asked(emulator, tmp_path, dispatch):
         assert stopped.tolist() == full[: list(full).index(full[5]) + 1].tolist()
         filled = generate(emulator, tmp_path, path, ids, "--steps", 20, "--n-ctx", len(ids) + 12, "--loop", loop, *common)
         assert filled.tolist() == full[:13].tolist()  # (12 appended, the 13th drawn from the full context's last logits)
+
+
+def test_emulated_cuda_models_on_two_devices(emulator, tmp_path):
+    """backend="cuda:N" on an emulated machine of two devices, while the thread's device is
+    another: a model on cuda:1 allocates and launches nothing on device 0, the thread's device is
+    as the caller left it after every call, sessions on both devices stepped in turn (the
+    caller switching devices between the calls) give each the tokens it gives alone, memory is
+    freed with the models, and cuda:2 is refused naming the devices there are."""
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=6)
+    r = subprocess.run([str(emulator), "devices", str(path), "--tokens", "1,5,9,200,17", "--steps", "10", "--temperature", "0.8",
+                        "--repetition-penalty", "1.2", "--seed", "3"],
+                       capture_output=True, text=True, env=dict(os.environ, EDGERUNNER_CUDA_EMULATOR_DEVICES="2"))
+    assert r.returncode == 0, r.stderr
+    refusal, verdict = r.stdout.strip().splitlines()
+    assert verdict == "ok", r.stdout
+    assert refusal.startswith("backend 'cuda:2': there is no CUDA device 2; this machine has 2: cuda:0 ") and ", cuda:1 " in refusal

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <stdexcept>
 #include <vector>
 
@@ -201,9 +202,12 @@ using std::min;
 #define CUDART_VERSION 12080  // (what the emulator reports as its runtime)
 enum cudaError_t {
     cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
     cudaErrorInsufficientDriver = 35,
     cudaErrorNoDevice = 100,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotSupported = 801,
 };
 typedef cudaError_t cudaError;
@@ -277,6 +281,42 @@ T* dynamic_smem() {
     return reinterpret_cast<T*>(dynamic_smem_bytes());
 }
 
+// Devices: EDGERUNNER_CUDA_EMULATOR_DEVICES of them (1 unless set), each thread's current one
+// as the runtime keeps it. Allocations are counted on the device current when they are made,
+// launches and copies on the device current when they are enqueued (use), and a kernel or graph
+// launched into a stream of another device than the current one is refused, as CUDA refuses it
+// (copies are not: CUDA runs them): what a model on cuda:N does can be checked without N GPUs.
+inline int device_count() {
+    static const int n = [] {
+        const char* e = std::getenv("EDGERUNNER_CUDA_EMULATOR_DEVICES");
+        return e && std::atoi(e) > 0 ? std::min(std::atoi(e), 8) : 1;
+    }();
+    return n;
+}
+inline int& current() {
+    thread_local int d = 0;
+    return d;
+}
+struct DeviceUse {
+    size_t bytes = 0;       // allocated now
+    uint64_t launches = 0;  // kernels and copies run or captured
+};
+inline DeviceUse& use(int device) {
+    static DeviceUse u[8];
+    return u[device];
+}
+inline std::map<const void*, std::pair<int, size_t>>& allocations() {
+    static std::map<const void*, std::pair<int, size_t>> m;
+    return m;
+}
+inline std::mutex& lock() {  // one thread at a time in the emulator (the scheduler and threadIdx are global)
+    static std::mutex m;
+    return m;
+}
+struct Stream {
+    int device;
+};
+
 // The entry points launch.cuh hands out, with the bytes of what their parameter points at.
 inline std::map<const void*, size_t>& entries() {
     static std::map<const void*, size_t> m;
@@ -300,6 +340,7 @@ inline void invoke(const void* args, const void* fn, uint32_t, uint32_t, uint32_
     reinterpret_cast<void (*)(const void*)>(const_cast<void*>(fn))(args);
 }
 inline void run(const Op& op) {
+    const std::lock_guard<std::mutex> hold(lock());
     if (!op.fn) {
         std::memmove(op.to, op.from, op.bytes);
         return;
@@ -314,6 +355,8 @@ struct Graph {
 template <class F>
 void launch_plain(unsigned grid, unsigned threads, F f) {
     const uint32_t groups[3] = {grid, 1, 1};
+    const std::lock_guard<std::mutex> hold(lock());
+    ++use(current()).launches;
     er_emulator::set_switch_hook(on_switch);
     er_emulator::run_grid([](const void* fn, const void*, uint32_t, uint32_t, uint32_t, uint32_t) { (*static_cast<const F*>(fn))(); }, &f,
                           nullptr, groups, threads);
@@ -322,18 +365,29 @@ inline Graph*& capturing() {  // the graph being captured, or null
     static Graph* g = nullptr;
     return g;
 }
-inline void submit(Op op) {
+// Whether `stream` (null: the current device's default stream) belongs to the current device.
+inline bool on_current(cudaStream_t stream) { return !stream || reinterpret_cast<Stream*>(stream)->device == current(); }
+inline cudaError_t submit(Op op, cudaStream_t stream) {
+    if (op.fn && !on_current(stream)) return cudaErrorInvalidResourceHandle;
+    ++use(current()).launches;
     if (capturing()) capturing()->ops.push_back(std::move(op));
     else run(op);
+    return cudaSuccess;
 }
 }  // namespace er_cuda_emulator
 
 inline const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "not supported by the emulator"; }
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
-inline cudaError_t cudaGetDeviceCount(int* n) { return *n = 1, cudaSuccess; }
-inline cudaError_t cudaGetDevice(int* d) { return *d = 0, cudaSuccess; }
-inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorNotSupported; }
-inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) { return *p = cudaDeviceProp{}, cudaSuccess; }
+inline cudaError_t cudaGetDeviceCount(int* n) { return *n = er_cuda_emulator::device_count(), cudaSuccess; }
+inline cudaError_t cudaGetDevice(int* d) { return *d = er_cuda_emulator::current(), cudaSuccess; }
+inline cudaError_t cudaSetDevice(int d) {
+    if (d < 0 || d >= er_cuda_emulator::device_count()) return cudaErrorInvalidDevice;
+    return er_cuda_emulator::current() = d, cudaSuccess;
+}
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+    if (d < 0 || d >= er_cuda_emulator::device_count()) return cudaErrorInvalidDevice;
+    return *p = cudaDeviceProp{}, cudaSuccess;
+}
 inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
     switch (a) {
         case cudaDevAttrMultiProcessorCount: *v = er_cuda_emulator::sm_count(); break;
@@ -343,19 +397,38 @@ inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
     }
     return cudaSuccess;
 }
-inline cudaError_t cudaMemGetInfo(size_t* free, size_t* total) { return *free = *total = size_t{16} << 30, cudaSuccess; }
+inline cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+    *total = cudaDeviceProp{}.totalGlobalMem;
+    *free = *total - std::min(*total, er_cuda_emulator::use(er_cuda_emulator::current()).bytes);
+    return cudaSuccess;
+}
 // (64 bytes of slack: staged copies round a row's ends out to 16-byte boundaries)
-inline cudaError_t cudaMalloc(void** p, size_t bytes) { return (*p = std::calloc(1, bytes + 64)) ? cudaSuccess : cudaErrorMemoryAllocation; }
-inline cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
-inline cudaError_t cudaFree(void* p) { return std::free(p), cudaSuccess; }
-inline cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
+inline cudaError_t cudaMalloc(void** p, size_t bytes) {
+    if (!(*p = std::calloc(1, bytes + 64))) return cudaErrorMemoryAllocation;
+    const std::lock_guard<std::mutex> hold(er_cuda_emulator::lock());
+    er_cuda_emulator::allocations()[*p] = {er_cuda_emulator::current(), bytes};
+    er_cuda_emulator::use(er_cuda_emulator::current()).bytes += bytes;
+    return cudaSuccess;
+}
+inline cudaError_t cudaFree(void* p) {
+    if (!p) return cudaSuccess;
+    {
+        const std::lock_guard<std::mutex> hold(er_cuda_emulator::lock());
+        const auto it = er_cuda_emulator::allocations().find(p);
+        if (it == er_cuda_emulator::allocations().end()) return cudaErrorInvalidValue;
+        er_cuda_emulator::use(it->second.first).bytes -= it->second.second;
+        er_cuda_emulator::allocations().erase(it);
+    }
+    return std::free(p), cudaSuccess;
+}
+inline cudaError_t cudaMallocHost(void** p, size_t bytes) { return (*p = std::calloc(1, bytes)) ? cudaSuccess : cudaErrorMemoryAllocation; }
+inline cudaError_t cudaFreeHost(void* p) { return std::free(p), cudaSuccess; }
 inline cudaError_t cudaMemset(void* p, int v, size_t bytes) { return std::memset(p, v, bytes), cudaSuccess; }
 inline cudaError_t cudaMemcpy(void* to, const void* from, size_t bytes, cudaMemcpyKind) { return std::memmove(to, from, bytes), cudaSuccess; }
-inline cudaError_t cudaMemcpyAsync(void* to, const void* from, size_t bytes, cudaMemcpyKind, cudaStream_t = nullptr) {
+inline cudaError_t cudaMemcpyAsync(void* to, const void* from, size_t bytes, cudaMemcpyKind, cudaStream_t stream = nullptr) {
     er_cuda_emulator::Op op;
     op.to = to, op.from = from, op.bytes = bytes;
-    er_cuda_emulator::submit(std::move(op));
-    return cudaSuccess;
+    return er_cuda_emulator::submit(std::move(op), stream);
 }
 inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, const void*) { return *a = cudaFuncAttributes{}, cudaSuccess; }
 inline cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
@@ -373,11 +446,12 @@ inline cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* c, const void* 
     op.args.assign(bytes, bytes + it->second);
     op.grid[0] = c->gridDim.x, op.grid[1] = c->gridDim.y, op.grid[2] = c->gridDim.z;
     op.threads = c->blockDim.x;
-    er_cuda_emulator::submit(std::move(op));
-    return cudaSuccess;
+    return er_cuda_emulator::submit(std::move(op), c->stream);
 }
-inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return *s = nullptr, cudaSuccess; }
-inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+    return *s = reinterpret_cast<cudaStream_t>(new er_cuda_emulator::Stream{er_cuda_emulator::current()}), cudaSuccess;
+}
+inline cudaError_t cudaStreamDestroy(cudaStream_t s) { return delete reinterpret_cast<er_cuda_emulator::Stream*>(s), cudaSuccess; }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 inline cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
@@ -396,7 +470,9 @@ inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t g, unsig
 }
 inline cudaError_t cudaGraphDestroy(cudaGraph_t g) { return delete reinterpret_cast<er_cuda_emulator::Graph*>(g), cudaSuccess; }
 inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { return delete reinterpret_cast<er_cuda_emulator::Graph*>(e), cudaSuccess; }
-inline cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t) {
+inline cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t stream) {
+    if (!er_cuda_emulator::on_current(stream)) return cudaErrorInvalidResourceHandle;
+    ++er_cuda_emulator::use(er_cuda_emulator::current()).launches;
     for (const er_cuda_emulator::Op& op : reinterpret_cast<er_cuda_emulator::Graph*>(e)->ops) er_cuda_emulator::run(op);
     return cudaSuccess;
 }

@@ -11,6 +11,11 @@
 //   cuda_emulator matmul TYPE ROWS COLS N_TOKENS W_FILE X_FILE OUT
 //       the backend's matmul (cuda::matmul: the runner's kernel choice, one token or several) of
 //       ROWS raw rows of TYPE (the file's blocks) with N_TOKENS float32 rows of COLS: OUT, N_TOKENS × ROWS
+//   cuda_emulator devices MODEL --tokens ... [--steps N] [sampling options]   (EDGERUNNER_CUDA_EMULATOR_DEVICES=2)
+//       models on cuda:1 and cuda:0 while the thread's device is another: what each makes and runs
+//       is its device's, the thread's device is as it was after every call, sessions on both
+//       stepped in turn give each its tokens alone, cuda:2 is refused: prints its refusal, then
+//       "ok", or the first thing that is not so
 //   cuda_emulator generate MODEL OUT --tokens ... --steps N [--stop T,...] [--loop 1] [--dispatch D] [--chunk N]
 //       [--n-ctx N] [sampling options as sample's]
 //       the prompt, then up to N tokens from Session::generate (recorded dispatch: chained steps
@@ -40,6 +45,7 @@
 #include "../../csrc/cuda/cuda.h"
 #include "../../csrc/cuda/sample.cuh"
 #include "edgerunner/engine.h"
+#include "cuda_runtime.h"
 #include "lanes.h"
 
 using namespace edgerunner;
@@ -170,9 +176,9 @@ int cmd_matmul(char** p) {
     return 0;
 }
 
-std::shared_ptr<Model> load(const std::string& path, const Options& o, const char* dispatch) {
+std::shared_ptr<Model> load(const std::string& path, const Options& o, const char* dispatch, const char* backend = "cuda") {
     LoadOptions lo;
-    lo.backend = "cuda";
+    lo.backend = backend;
     lo.dispatch = get(o, "dispatch", dispatch);
     lo.kv_type = get(o, "kv", "f16");
     lo.prefill_chunk = std::stoll(get(o, "chunk", "8"));
@@ -249,15 +255,87 @@ int cmd_generate(const std::string& path, const std::string& out_path, const Opt
     return 0;
 }
 
+// What the devices command checks, a line each; the first failure ends the run.
+#define CHECK(cond, ...)                   \
+    if (!(cond)) {                         \
+        std::printf("not so: " __VA_ARGS__); \
+        std::printf("\n");                \
+        return 0;                          \
+    }
+
+int cmd_devices(const std::string& path, const Options& o) {
+    const auto& use = er_cuda_emulator::use;
+    auto device = [] {
+        int d = -1;
+        cudaGetDevice(&d);
+        return d;
+    };
+    const std::vector<int32_t> ids = parse_tokens(get(o, "tokens", ""));
+    const int64_t steps = std::stoll(get(o, "steps", "8"));
+    SamplingParams p = sampling(o);
+    auto draw_alone = [&](const char* backend) {  // a model alone on `backend`: its tokens
+        const auto m = load(path, o, "recorded", backend);
+        Session s(m);
+        s.eval(ids.data(), ids.size());
+        Sampler sampler(m->config().n_vocab, p);
+        return s.generate(sampler, steps, {});
+    };
+    CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+    const std::vector<int32_t> alone1 = draw_alone("cuda:1"), alone0 = draw_alone("cuda:0");
+    CHECK(use(0).bytes == 0 && use(1).bytes == 0, "every byte freed with the models (devices 0 and 1 hold %zu and %zu)", use(0).bytes,
+          use(1).bytes);
+    // a model on cuda:1 while the thread's device is 0: everything it makes and runs is device 1's,
+    // and the thread's device is 0 after every call
+    const uint64_t launches0 = use(0).launches;
+    auto m1 = load(path, o, "recorded", "cuda:1");
+    CHECK(device() == 0, "the thread's device after load: %d", device());
+    CHECK(use(1).bytes > 0 && use(0).bytes == 0, "the weights on device 1 (devices hold %zu and %zu bytes)", use(0).bytes, use(1).bytes);
+    auto s1 = std::make_unique<Session>(m1);
+    s1->eval(ids.data(), ids.size());
+    CHECK(device() == 0, "the thread's device after eval: %d", device());
+    Sampler sampler1(m1->config().n_vocab, p);
+    const std::vector<int32_t> got1 = s1->generate(sampler1, steps, {});
+    CHECK(device() == 0, "the thread's device after generate: %d", device());
+    CHECK(use(0).bytes == 0 && use(0).launches == launches0, "device 0 untouched (%zu bytes, %llu launches more)", use(0).bytes,
+          static_cast<unsigned long long>(use(0).launches - launches0));
+    CHECK(got1 == alone1, "cuda:1's tokens as when it ran alone");
+    // a second model on cuda:0: the two sessions stepped in turn from this thread, whose device
+    // another part of the program sets to 1 between the calls; each gives its tokens alone
+    auto m0 = load(path, o, "recorded", "cuda:0");
+    Session a(m0), b(m1);
+    a.eval(ids.data(), ids.size());
+    b.eval(ids.data(), ids.size());
+    Sampler sa(m0->config().n_vocab, p), sb(m1->config().n_vocab, p);
+    std::vector<int32_t> ta, tb;
+    for (int64_t i = 0; i < steps; ++i) {
+        cudaSetDevice(static_cast<int>(i % 2));
+        ta.push_back(i == 0 ? a.sample(sa) : a.append_sampled(ta.back(), sa, steps - 1 - i));
+        CHECK(device() == static_cast<int>(i % 2), "the thread's device after a cuda:0 step: %d", device());
+        tb.push_back(i == 0 ? b.sample(sb) : b.append_sampled(tb.back(), sb, steps - 1 - i));
+        CHECK(device() == static_cast<int>(i % 2), "the thread's device after a cuda:1 step: %d", device());
+    }
+    CHECK(ta == alone0 && tb == alone1, "the interleaved sessions' tokens as each alone");
+    // an index past the devices: refused, naming the ones there are
+    try {
+        load(path, o, "recorded", "cuda:2");
+        CHECK(false, "cuda:2 loaded on two devices");
+    } catch (const std::invalid_argument& e) {
+        std::printf("%s\n", e.what());
+    }
+    std::printf("ok\n");
+    return 0;
+}
+#undef CHECK
+
 }  // namespace
 
 int main(int argc, char** argv) {
     try {
         const std::string cmd = argc > 1 ? argv[1] : "";
         if (cmd == "matmul" && argc == 9) return cmd_matmul(argv + 2);
-        const int positional = cmd == "sample" ? 1 : 2;
-        if ((cmd != "sample" && cmd != "logits" && cmd != "generate") || argc < 2 + positional) {
-            std::fprintf(stderr, "usage: cuda_emulator sample|logits|matmul|generate ... (see main.cpp)\n");
+        const int positional = cmd == "sample" || cmd == "devices" ? 1 : 2;
+        if ((cmd != "sample" && cmd != "logits" && cmd != "generate" && cmd != "devices") || argc < 2 + positional) {
+            std::fprintf(stderr, "usage: cuda_emulator sample|logits|matmul|generate|devices ... (see main.cpp)\n");
             return 2;
         }
         Options options;
@@ -267,6 +345,7 @@ int main(int argc, char** argv) {
             options[a.substr(2)] = argv[++i];
         }
         if (cmd == "sample") return cmd_sample(argv[2], options);
+        if (cmd == "devices") return cmd_devices(argv[2], options);
         if (cmd == "logits") return cmd_logits(argv[2], argv[3], options);
         return cmd_generate(argv[2], argv[3], options);
     } catch (const std::exception& e) {
