@@ -155,30 +155,21 @@ inline unsigned __vsub4(unsigned a, unsigned b) {
     return r;
 }
 
-template <typename T>
-T atomicAdd(T* p, T v) {
+// Atomics: *p = f(*p), the old value back (no other thread runs in between here).
+template <typename T, typename F>
+T atomic_update(T* p, F f) {
     const T old = *p;
-    *p = old + v;
+    *p = f(old);
     return old;
 }
 template <typename T>
-T atomicExch(T* p, T v) {
-    const T old = *p;
-    *p = v;
-    return old;
-}
+T atomicAdd(T* p, T v) { return atomic_update(p, [v](T o) { return o + v; }); }
 template <typename T>
-T atomicMax(T* p, T v) {
-    const T old = *p;
-    *p = std::max(old, v);
-    return old;
-}
+T atomicExch(T* p, T v) { return atomic_update(p, [v](T) { return v; }); }
 template <typename T>
-T atomicMin(T* p, T v) {
-    const T old = *p;
-    *p = std::min(old, v);
-    return old;
-}
+T atomicMax(T* p, T v) { return atomic_update(p, [v](T o) { return std::max(o, v); }); }
+template <typename T>
+T atomicMin(T* p, T v) { return atomic_update(p, [v](T o) { return std::min(o, v); }); }
 
 namespace er_cuda_emulator {
 // A device instruction the emulator has no stand-in for was reached: the run stops, saying which.
