@@ -34,6 +34,7 @@ from edgerunner import _core
 from edgerunner.model_builder import write_random_model
 from reference_forward import ReferenceModel
 from test_engine import FAST_TOLERANCE, IDS, K, prompt, tiny_models  # noqa: F401 (fixture)
+from test_kernels import TYPES, random_row
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel emulator is built on Linux")
 
@@ -183,6 +184,52 @@ def test_bias_entries_of_one_token_add_up_first(emulator, tmp_path):
 
 
 # ---- the whole backend ----------------------------------------------------------------------
+
+K_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q8_K"}
+INT8 = [t for t in TYPES if t not in ("F32", "F16", "BF16", "Q8_K")]  # the formats whose GEMVs take int8 activations
+
+
+def cuda_matmul(emulator, tmp_path, name, rows, x) -> np.ndarray:
+    rows.tofile(tmp_path / "w.bin")
+    x.tofile(tmp_path / "x.bin")
+    n_tokens, n = x.shape
+    r = subprocess.run([str(emulator), "matmul", name, str(rows.shape[0]), str(n), str(n_tokens), str(tmp_path / "w.bin"),
+                        str(tmp_path / "x.bin"), str(tmp_path / "y.bin")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return np.fromfile(tmp_path / "y.bin", np.float32).reshape(n_tokens, rows.shape[0])
+
+
+@pytest.mark.parametrize("name", TYPES + ["BF16"])
+def test_emulated_cuda_matmul_equals_float64(emulator, tmp_path, name):
+    """The backend's matmul (cuda::matmul: the kernel the runner would pick) over raw blocks of every
+    weight type, one token and several, odd row counts, rows of one chunk and of several, against
+    float64 on the dequantized weights within tests/test_cuda_ops.py's bound (float32 sums: n ·
+    2^-24 · Σ|w x|; int8 activations: doubled, plus half a quantization step per value). For the
+    int8 formats the one-token GEMV's sums equal the several-token GEMV's bit for bit."""
+    from edgerunner import quants
+
+    seed = random.randrange(2**32)
+    rng = np.random.default_rng(seed)
+    for n_rows, blocks, n_tokens in ((1, 1, 1), (37, 3, 3), (130, 9, 1), (5, 70, 2), (64, 2, 8)):
+        n = blocks * (256 if name in K_TYPES else 32)
+        if name == "BF16":
+            w32 = rng.normal(0, 0.05, (n_rows, n)).astype(np.float32)
+            rows = (w32.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(n_rows, -1)
+        else:
+            rows = np.stack([random_row(name, n, rng) for _ in range(n_rows)])
+        x = (rng.normal(0, 1, (n_tokens, n)) * rng.choice([0.1, 1, 10], (n_tokens, n))).astype(np.float32)
+        y = cuda_matmul(emulator, tmp_path, name, rows, x)
+        w = quants.dequantize(rows.reshape(-1), name).astype(np.float64).reshape(n_rows, n)
+        x64 = x.astype(np.float64)
+        bound = n * 2.0**-24 * (np.abs(x64) @ np.abs(w).T) + 1e-30
+        if name in INT8:
+            half_step = np.repeat(np.abs(x64.reshape(n_tokens, -1, 32)).max(axis=2) / 254.0, 32, axis=1)
+            bound = 2 * bound + half_step @ np.abs(w).T
+        err = np.abs(y - x64 @ w.T) / bound
+        assert np.all(err <= 1), f"{name} rows={n_rows} n={n} tokens={n_tokens} seed {seed}: max err {err.max():.3g} × bound"
+        if name in INT8 and n_tokens > 1:
+            one = cuda_matmul(emulator, tmp_path, name, rows, x[:1])
+            assert np.array_equal(one[0], y[0]), f"{name} rows={n_rows} n={n} seed {seed}: the one-token and several-token GEMVs differ"
 
 DISPATCH = ("eager", "argument_buffers", "recorded")
 

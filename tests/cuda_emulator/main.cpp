@@ -5,7 +5,13 @@
 // its fusion decisions, step blocks, graphs and chains are the backend's own
 // (tests/cpp/CMakeLists.txt). Files are raw little-endian arrays.
 //
-//   cuda_emulator logits MODEL OUT --tokens 1,2,3 [--chunk N] [--n-ctx N] [--kv f16] [--dispatch D] [--decode-from K]
+//   cuda_emulator sample LOGITS_FILE [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [--step S]
+//       [--history FILE] [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]
+//       [--penalty-last-n N] [--bias T:B,...] [--penalized OUT]
+//       the device sampler (sample.cu) over n_vocab float32 logits, after the penalize kernel where
+//       bias or penalties are on: prints the token. The history (int32) is the tokens at positions
+//       0 … H-1, the step's token last; --penalized writes the logits penalize made.
+//   cuda_emulator logits MODEL OUT --tokens 1,2,3 [--chunk 8] [--n-ctx 256] [--kv f16] [--dispatch recorded] [--decode-from K]
 //       every position's logits (n × n_vocab float32) from one eval_all; with --decode-from K the
 //       first K tokens are one eval and the rest one append each: rows for positions K-1 … n-1
 //   cuda_emulator matmul TYPE ROWS COLS N_TOKENS W_FILE X_FILE OUT
@@ -24,13 +30,6 @@
 //       second session of the same model (eager, a step at a time) with the whole history, and
 //       the session's cache and last logits against that session's (bit for bit): writes the
 //       tokens (int32), prints "ok" or what differs
-//
-//   cuda_emulator sample LOGITS_FILE [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [--step S]
-//       [--history FILE] [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]
-//       [--penalty-last-n N] [--bias T:B,...] [--penalized OUT]
-//       the device sampler (sample.cu) over n_vocab float32 logits, after the penalize kernel where
-//       bias or penalties are on: prints the token. The history (int32) is the tokens at positions
-//       0 … H-1, the step's token last; --penalized writes the logits penalize made.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -71,28 +70,30 @@ void write_file(const std::string& path, const void* data, size_t bytes) {
 // A launch as the backend enqueues it (here it runs at once).
 void run(const cuda::Launch& l) { cuda::enqueue(l, nullptr, nullptr, false); }
 
-std::vector<int32_t> parse_tokens(const std::string& s) {
-    std::vector<int32_t> out;
+// "a,b,c" → {a, b, c} ("" → {})
+std::vector<std::string> split(const std::string& s) {
+    std::vector<std::string> out;
     for (size_t i = 0; i < s.size();) {
         size_t j = s.find(',', i);
         if (j == std::string::npos) j = s.size();
-        out.push_back(static_cast<int32_t>(std::stol(s.substr(i, j - i))));
+        out.push_back(s.substr(i, j - i));
         i = j + 1;
     }
     return out;
 }
 
-std::vector<std::pair<int32_t, float>> parse_bias(const std::string& s) {
+std::vector<int32_t> parse_tokens(const std::string& s) {
+    std::vector<int32_t> out;
+    for (const std::string& item : split(s)) out.push_back(static_cast<int32_t>(std::stol(item)));
+    return out;
+}
+
+std::vector<std::pair<int32_t, float>> parse_bias(const std::string& s) {  // TOKEN:BIAS,...
     std::vector<std::pair<int32_t, float>> out;
-    size_t at = 0;
-    while (at < s.size()) {
-        size_t end = s.find(',', at);
-        if (end == std::string::npos) end = s.size();
-        const std::string item = s.substr(at, end - at);
+    for (const std::string& item : split(s)) {
         const size_t colon = item.find(':');
         if (colon == std::string::npos) throw std::invalid_argument("--bias takes TOKEN:BIAS,..., got " + item);
         out.emplace_back(std::stoi(item.substr(0, colon)), std::strtof(item.c_str() + colon + 1, nullptr));
-        at = end + 1;
     }
     return out;
 }
