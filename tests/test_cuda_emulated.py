@@ -360,3 +360,17 @@ def test_emulated_cuda_models_on_two_devices(emulator, tmp_path):
     refusal, verdict = r.stdout.strip().splitlines()
     assert verdict == "ok", r.stdout
     assert refusal.startswith("backend 'cuda:2': there is no CUDA device 2; this machine has 2: cuda:0 ") and ", cuda:1 " in refusal
+
+
+@pytest.mark.parametrize("dispatch", DISPATCH)
+def test_emulated_cuda_second_generation_replaces_the_bias(emulator, tmp_path, dispatch):
+    """Two generations on one session, with penalties over the whole history and another bias
+    table and seed for the second (the table sent again, recorded dispatch's chain graphs of the
+    penalized kind reused): every draw the CPU sampler's, the cache and logits the reference's."""
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=9)
+    ids = list(prompt(np.random.default_rng(3), 6)) * 2
+    tokens = generate(emulator, tmp_path, path, ids, "--steps", 12, "--dispatch", dispatch, "--temperature", 0.9, "--repetition-penalty",
+                      1.3, "--penalty-last-n", -1, "--bias", "3:0.5,100:-inf", "--seed", 5, "--bias2", "7:-inf,3:-2.5,250:4.5",
+                      "--seed2", 9)
+    assert tokens.size == 24

@@ -23,13 +23,14 @@
 //       stepped in turn give each its tokens alone, cuda:2 is refused: prints its refusal, then
 //       "ok", or the first thing that is not so
 //   cuda_emulator generate MODEL OUT --tokens ... --steps N [--stop T,...] [--loop 1] [--dispatch D] [--chunk N]
-//       [--n-ctx N] [sampling options as sample's]
+//       [--n-ctx N] [sampling options as sample's] [--bias2 T:B,... [--seed2 S]]
 //       the prompt, then up to N tokens from Session::generate (recorded dispatch: chained steps
 //       drawn on the device), or with --loop 1 from the Python layer's loop (append_sampled told
 //       how many draws may follow); then each checked against the CPU sampler on the logits of a
 //       second session of the same model (eager, a step at a time) with the whole history, and
-//       the session's cache and last logits against that session's (bit for bit): writes the
-//       tokens (int32), prints "ok" or what differs
+//       the session's cache and last logits against that session's (bit for bit); with --bias2, a
+//       second generation on the same sessions with that bias and seed: writes the tokens (int32),
+//       prints "ok" or what differs
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -214,44 +215,55 @@ int cmd_generate(const std::string& path, const std::string& out_path, const Opt
     const auto reference = load(path, o, "eager");
     const std::vector<int32_t> ids = parse_tokens(get(o, "tokens", ""));
     const std::vector<int32_t> stops = parse_tokens(get(o, "stop", ""));
-    const SamplingParams p = sampling(o);
     const int32_t vocab = model->config().n_vocab;
     const int64_t steps = std::stoll(get(o, "steps", "8"));
+    const bool loop = get(o, "loop", "0") != "0";
+    std::vector<SamplingParams> rounds{sampling(o)};
+    if (o.count("bias2")) {  // a second generation on the same session: another bias table and seed
+        if (loop) throw std::invalid_argument("--bias2 goes with Session::generate, not --loop");
+        rounds.push_back(rounds[0]);
+        rounds[1].logit_bias = parse_bias(o.at("bias2"));
+        rounds[1].seed = std::stoull(get(o, "seed2", "0"));
+    }
     Session s(model), r(reference);
     s.eval(ids.data(), ids.size());
-    Sampler drawing(vocab, p);
-    std::vector<int32_t> out;
-    if (get(o, "loop", "0") == "0") {
-        out = s.generate(drawing, steps, stops);
-    } else {  // the Python layer's loop: a host draw, then append_sampled told how many may follow
-        for (int64_t i = 0; i < steps && static_cast<int64_t>(s.tokens().size()) < s.n_ctx(); ++i) {
-            out.push_back(i == 0 ? s.sample(drawing) : s.append_sampled(out.back(), drawing, steps - 1 - i));
-            if (std::find(stops.begin(), stops.end(), out.back()) != stops.end()) break;
-        }
-    }
-    write_file(out_path, out.data(), out.size() * sizeof(int32_t));
     r.eval(ids.data(), ids.size());
-    Sampler checking(vocab, p);
-    for (size_t i = 0; i < out.size(); ++i) {
-        const std::vector<int32_t>& h = r.tokens();
-        const int32_t want = checking.sample(r.logits(), h.data(), h.size(), h.size());
-        if (out[i] != want) {
-            std::printf("step %zu: drew %d, the CPU sampler %d\n", i, out[i], want);
+    std::vector<int32_t> all;
+    for (const SamplingParams& p : rounds) {
+        Sampler drawing(vocab, p);
+        std::vector<int32_t> out;
+        if (!loop) {
+            out = s.generate(drawing, steps, stops);
+        } else {  // the Python layer's loop: a host draw, then append_sampled told how many may follow
+            for (int64_t i = 0; i < steps && static_cast<int64_t>(s.tokens().size()) < s.n_ctx(); ++i) {
+                out.push_back(i == 0 ? s.sample(drawing) : s.append_sampled(out.back(), drawing, steps - 1 - i));
+                if (std::find(stops.begin(), stops.end(), out.back()) != stops.end()) break;
+            }
+        }
+        all.insert(all.end(), out.begin(), out.end());
+        Sampler checking(vocab, p);
+        for (size_t i = 0; i < out.size(); ++i) {
+            const std::vector<int32_t>& h = r.tokens();
+            const int32_t want = checking.sample(r.logits(), h.data(), h.size(), h.size());
+            if (out[i] != want) {
+                std::printf("step %zu: drew %d, the CPU sampler %d\n", all.size() - out.size() + i, out[i], want);
+                return 0;
+            }
+            if (i + 1 < out.size()) r.append(out[i]);
+        }
+        // the session holds the prompt and the draws (generate appends the last one too, unless
+        // it stopped on it or the context is full), and the logits that follow them
+        if (!out.empty() && s.tokens().size() == r.tokens().size() + 1) r.append(out.back());
+        if (s.tokens() != r.tokens()) {
+            std::printf("the session holds %zu tokens, the reference %zu\n", s.tokens().size(), r.tokens().size());
             return 0;
         }
-        if (i + 1 < out.size()) r.append(out[i]);
+        if (std::memcmp(s.logits(), r.logits(), static_cast<size_t>(vocab) * sizeof(float)) != 0) {
+            std::printf("the session's last logits differ from the reference's\n");
+            return 0;
+        }
     }
-    // the session holds the prompt and the draws (generate appends the last one too, unless it
-    // stopped on it or the context is full), and the logits that follow them
-    if (!out.empty() && s.tokens().size() == r.tokens().size() + 1) r.append(out.back());
-    if (s.tokens() != r.tokens()) {
-        std::printf("the session holds %zu tokens, the reference %zu\n", s.tokens().size(), r.tokens().size());
-        return 0;
-    }
-    if (std::memcmp(s.logits(), r.logits(), static_cast<size_t>(vocab) * sizeof(float)) != 0) {
-        std::printf("the session's last logits differ from the reference's\n");
-        return 0;
-    }
+    write_file(out_path, all.data(), all.size() * sizeof(int32_t));
     std::printf("ok\n");
     return 0;
 }
