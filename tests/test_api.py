@@ -101,7 +101,9 @@ def test_errors_name_the_problem(tmp_path):
         model.generate(list(range(40)))
     with pytest.raises(ValueError, match="temperature"):
         model.generate("hi", temperature=-1)
-    assert model.backend == model.device == "cpu" and "device=cpu" in repr(model)
+    want = "cuda:0" if model.backend == "cuda" else model.backend  # (auto: the GPU where there is one)
+    assert model.device == want and f"device={want}" in repr(model)
+    assert model.backend == ("cuda" if edgerunner._core.cuda_available() else "cpu")
     if not edgerunner._core.cuda_available():
         for backend in ("cuda", "cuda:1"):
             for source in (path, "no-such-org/no-such-repo:Q4_0"):  # (the second: refused before a download)
