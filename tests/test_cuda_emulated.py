@@ -34,7 +34,8 @@ from edgerunner import _core
 from edgerunner.model_builder import write_random_model
 from reference_forward import ReferenceModel
 from test_engine import FAST_TOLERANCE, IDS, K, prompt, tiny_models  # noqa: F401 (fixture)
-from test_kernels import TYPES, random_row
+from test_cuda_ops import K_TYPES, matmul_error, random_activations, random_weights
+from test_kernels import TYPES
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel emulator is built on Linux")
 
@@ -185,7 +186,6 @@ def test_bias_entries_of_one_token_add_up_first(emulator, tmp_path):
 
 # ---- the whole backend ----------------------------------------------------------------------
 
-K_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q8_K"}
 INT8 = [t for t in TYPES if t not in ("F32", "F16", "BF16", "Q8_K")]  # the formats whose GEMVs take int8 activations
 
 
@@ -206,26 +206,13 @@ def test_emulated_cuda_matmul_equals_float64(emulator, tmp_path, name):
     float64 on the dequantized weights within tests/test_cuda_ops.py's bound (float32 sums: n ·
     2^-24 · Σ|w x|; int8 activations: doubled, plus half a quantization step per value). For the
     int8 formats the one-token GEMV's sums equal the several-token GEMV's bit for bit."""
-    from edgerunner import quants
-
     seed = random.randrange(2**32)
     rng = np.random.default_rng(seed)
     for n_rows, blocks, n_tokens in ((1, 1, 1), (37, 3, 3), (130, 9, 1), (5, 70, 2), (64, 2, 8)):
         n = blocks * (256 if name in K_TYPES else 32)
-        if name == "BF16":
-            w32 = rng.normal(0, 0.05, (n_rows, n)).astype(np.float32)
-            rows = (w32.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(n_rows, -1)
-        else:
-            rows = np.stack([random_row(name, n, rng) for _ in range(n_rows)])
-        x = (rng.normal(0, 1, (n_tokens, n)) * rng.choice([0.1, 1, 10], (n_tokens, n))).astype(np.float32)
+        rows, x = random_weights(name, n_rows, n, rng), random_activations(rng, n_tokens, n)
         y = cuda_matmul(emulator, tmp_path, name, rows, x)
-        w = quants.dequantize(rows.reshape(-1), name).astype(np.float64).reshape(n_rows, n)
-        x64 = x.astype(np.float64)
-        bound = n * 2.0**-24 * (np.abs(x64) @ np.abs(w).T) + 1e-30
-        if name in INT8:
-            half_step = np.repeat(np.abs(x64.reshape(n_tokens, -1, 32)).max(axis=2) / 254.0, 32, axis=1)
-            bound = 2 * bound + half_step @ np.abs(w).T
-        err = np.abs(y - x64 @ w.T) / bound
+        err = matmul_error(name, rows, x, y, "int8" if name in INT8 else "float")
         assert np.all(err <= 1), f"{name} rows={n_rows} n={n} tokens={n_tokens} seed {seed}: max err {err.max():.3g} × bound"
         if name in INT8 and n_tokens > 1:
             one = cuda_matmul(emulator, tmp_path, name, rows, x[:1])

@@ -64,22 +64,27 @@ def assert_matmul_close(name, rows, x, context, gemm="auto"):
     rounded at most an ulp per addition: Σ |x| (2^-8 (|s·q| + |m|) + 2^-7 |w|) + n · 2^-23 · Σ|w x|,
     all (1 + 2^-6)."""
     type_id = quants.type_id(name)
-    n_tokens, n = x.shape
     y = _core.cuda_matmul(type_id, rows, x, gemm)
+    err = matmul_error(name, rows, x, y, _core.cuda_matmul_activations(type_id, x.shape[0]))
+    assert np.all(err <= 1), f"{name} {context}: max err {err.max():.3g} × bound at {np.unravel_index(err.argmax(), err.shape)}"
+
+
+def matmul_error(name, rows, x, y, activations):
+    """|Y − X W^T| over assert_matmul_close's bound, per element, for a matmul that multiplied
+    with `activations` ('float', 'int8' or 'bf16'); <= 1 passes (tests/test_cuda_emulated.py too)."""
+    n_tokens, n = x.shape
     assert y.shape == (n_tokens, rows.shape[0])
     w = quants.dequantize(rows.reshape(-1), name).astype(np.float64).reshape(rows.shape[0], n)
     x64 = x.astype(np.float64)
     ref = x64 @ w.T
     bound = n * 2.0**-24 * (np.abs(x64) @ np.abs(w).T) + 1e-30
-    activations = _core.cuda_matmul_activations(type_id, n_tokens)
     if activations == "bf16":
         magnitude = scale_and_offset_magnitude(name, rows, w)
         bound = (1 + 2.0**-6) * (2 * bound + np.abs(x64) @ (2.0**-8 * magnitude + 2.0**-7 * np.abs(w)).T)
     elif activations == "int8":
         half_step = np.repeat(np.abs(x64.reshape(n_tokens, -1, 32)).max(axis=2) / 254.0, 32, axis=1)
         bound = 2 * bound + half_step @ np.abs(w).T
-    err = np.abs(y - ref) / bound
-    assert np.all(err <= 1), f"{name} {context}: max err {err.max():.3g} × bound at {np.unravel_index(err.argmax(), err.shape)}"
+    return np.abs(y - ref) / bound
 
 
 def random_activations(rng, n_tokens, n):

@@ -423,10 +423,7 @@ private:
             const std::vector<std::pair<int32_t, float>> m = merged_bias(p.logit_bias);
             bias_host_tokens_.resize(m.size());
             bias_host_values_.resize(m.size());
-            for (size_t i = 0; i < m.size(); ++i) {
-                if (m[i].first < 0 || m[i].first >= c_.n_vocab)
-                    throw std::invalid_argument("logit_bias token id " + std::to_string(m[i].first) + " is outside the vocabulary [0, " +
-                                                std::to_string(c_.n_vocab) + ")");
+            for (size_t i = 0; i < m.size(); ++i) {  // (token ids checked by the Sampler the session samples with)
                 bias_host_tokens_[i] = m[i].first;
                 bias_host_values_[i] = m[i].second;
             }

@@ -194,10 +194,6 @@ uint64_t simd_exchange(uint64_t bits, int op, uint32_t arg) {
     return result;
 }
 
-uint32_t current_thread() { return grid().current; }
-uint32_t current_group(int axis) { return grid().group[axis]; }
-uint32_t grid_groups(int axis) { return grid().groups[axis]; }
-uint32_t group_threads() { return grid().threads; }
 void set_switch_hook(SwitchHook hook) { grid().hook = hook; }
 
 void run_grid(Invoke fn, const void* args, const void* extra, const uint32_t groups[3], uint32_t threads) {

@@ -16,14 +16,9 @@ using Invoke = void (*)(const void* args, const void* extra, uint32_t gx, uint32
 // threadgroup after another.
 void run_grid(Invoke fn, const void* args, const void* extra, const uint32_t groups[3], uint32_t threads);
 
-// The running thread's index in its threadgroup, the threadgroup's position, the grid's size in
-// threadgroups and a threadgroup's size (for CUDA's threadIdx, blockIdx, gridDim, blockDim).
-uint32_t current_thread();
-uint32_t current_group(int axis);
-uint32_t grid_groups(int axis);
-uint32_t group_threads();
-// Called with those each time the scheduler runs a thread (null: nothing; the CUDA emulator keeps
-// threadIdx and the others there).
+// Called each time the scheduler runs a thread, with its index in the threadgroup, the
+// threadgroup's position, the grid's size in threadgroups and a threadgroup's size (null:
+// nothing; the CUDA emulator keeps threadIdx, blockIdx, gridDim and blockDim there).
 using SwitchHook = void (*)(uint32_t thread, const uint32_t group[3], const uint32_t groups[3], uint32_t threads);
 void set_switch_hook(SwitchHook hook);
 
