@@ -16,7 +16,9 @@ programmatic dependent launch), the tensor-core GEMM and attention (prefill chun
 more: the tests keep chunks of 8) and speed. tests/test_cuda_engine.py runs the same code on a GPU.
 
 Exactness: penalize's float32 arithmetic is the CPU sampler's rounding for rounding, so its output
-equals NumPy's float32 transform bit for bit; the sampler's draw equals the CPU sampler's token.
+equals NumPy's float32 transform bit for bit; the sampler's draw equals the CPU sampler's token
+(the kernels' fixed-point masses could differ from its float64 sums only where u · S falls
+within about n · 2^-47 of a token's edge: never in these draws).
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ def emulator(cpp_build) -> Path:
     return cpp_build / "tests" / "cpp" / "cuda_emulator"
 
 
-def draw(emulator, tmp_path, logits, params, *, history=None, step=0, penalized=None) -> int:
-    """The emulated kernels' token for `logits` (float32) with the CPU sampler's keyword params."""
+def draw(emulator, tmp_path, logits, params, *, history=None, step=0, penalized=None, narrow=False) -> int:
+    """The emulated kernels' token for `logits` (float32) with the CPU sampler's keyword params
+    (narrow: a whole-vocabulary draw in Sample's one block, not the runner's three kernels)."""
     logits.astype(np.float32).tofile(tmp_path / "l.bin")
-    flags = ["--step", step]
+    flags = ["--step", step, "--narrow", int(narrow)]
     for k, v in params.items():
         if k == "logit_bias":
             flags += ["--bias", ",".join(f"{t}:{b!r}" for t, b in v.items())]
@@ -85,9 +88,11 @@ def transform32(logits, history, *, logit_bias=None, repetition_penalty=1.0, pre
 
 
 # greedy; temperature alone; top-k of up to 1024 (sorted in shared memory) with top-p and min-p;
-# k = 1025 and top-p or min-p alone (threshold searches over the whole vocabulary)
+# k = 1025 (bisection in one block); top-p, min-p, both, and a top-k past the vocabulary (the
+# whole-vocabulary kernels)
 SAMPLING = [dict(), dict(temperature=0.8), dict(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05), dict(temperature=0.7, top_k=1024),
-            dict(temperature=1.2, top_k=1025), dict(temperature=0.9, top_p=0.8), dict(temperature=1.5, min_p=0.1)]
+            dict(temperature=1.2, top_k=1025), dict(temperature=0.9, top_p=0.8), dict(temperature=1.5, min_p=0.1),
+            dict(temperature=1.1, top_p=0.7, min_p=0.02), dict(temperature=0.6, top_k=100000, top_p=0.95)]
 
 
 @pytest.mark.parametrize("params", SAMPLING, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "greedy")
@@ -107,6 +112,36 @@ def test_sampler_kernel_draws_as_the_cpu_sampler(emulator, tmp_path, params):
                 got = draw(emulator, tmp_path, l, dict(params, seed=s), step=step)
                 want = _core.Sampler(n, seed=s, **params).sample(l, [], step)
                 assert got == want, f"{params} n={n} hard={hard} seed={s} step={step} (test seed {seed}): kernel {got}, CPU {want}"
+
+
+# the cuts of these land inside groups of equal logits: top-p's and the draw's (the whole-vocabulary
+# kernels, whose candidates then overflow into the bisection), top-k's past 1024 (the bisection)
+# and within 1024 (the sorted walk)
+TIES = [dict(temperature=1.0), dict(temperature=0.9, top_p=0.5), dict(temperature=1.2, top_p=0.9, min_p=0.5),
+        dict(temperature=1.0, top_k=1500, top_p=0.8), dict(temperature=1.0, top_k=600)]
+
+
+@pytest.mark.parametrize("params", TIES, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_sampler_kernel_walks_equal_logits_in_id_order(emulator, tmp_path, params):
+    """Near-flat logits (every token weighs about the same) over 40000 tokens, 20% of them equal
+    at the 99th percentile and 30% at the median: the contract walks equal logits in id order, so
+    a cut inside such a group takes its lowest ids first. Every draw equals the CPU sampler's,
+    through the runner's kernels and through Sample's one block, and the draws do land in the
+    groups (fixed seeds: which ones is part of the test)."""
+    rng = np.random.default_rng(11)
+    n = 40000
+    l = rng.normal(0, 0.05, n).astype(np.float32)
+    groups = [np.float32(np.quantile(l, 0.99)), np.float32(np.quantile(l, 0.5))]
+    l[rng.choice(n, n // 5, replace=False)] = groups[0]
+    l[rng.choice(n, 3 * n // 10, replace=False)] = groups[1]
+    in_groups = 0
+    for s in range(1, 9):
+        want = _core.Sampler(n, seed=s, **params).sample(l, [], s)
+        in_groups += l[want] in groups
+        for narrow in (False, True):
+            got = draw(emulator, tmp_path, l, dict(params, seed=s), step=s, narrow=narrow)
+            assert got == want, f"{params} seed={s} narrow={narrow}: kernel {got}, CPU {want}"
+    assert in_groups >= 2, f"{params}: only {in_groups} of 8 draws in a group of equal logits"
 
 
 def test_sampler_kernel_ties_go_to_the_lowest_id_across_blocks(emulator, tmp_path):

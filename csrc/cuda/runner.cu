@@ -248,6 +248,8 @@ public:
         sample_scratch_ = device_alloc<double>(static_cast<size_t>(c_.n_vocab));
         sample_best_ = device_alloc<unsigned long long>(2);
         ER_CUDA(cudaMemset(sample_best_.get(), 0, 2 * sizeof(unsigned long long)));
+        sample_wide_ = device_alloc<WideState>(1);
+        ER_CUDA(cudaMemset(sample_wide_.get(), 0, sizeof(WideState)));
         qbuf_ = device_alloc<uint8_t>(static_cast<size_t>(plan_.max_tokens * q_stride()) * qblock_bytes() + 256);  // GEMV reads whole 16 bytes
         qglu_ = device_alloc<uint8_t>(static_cast<size_t>(q_stride()) * qblock_bytes() + 256);
         if (plan_.max_tokens >= kPrefillKernelTokens) hbuf_ = device_alloc<uint16_t>(static_cast<size_t>(plan_.max_tokens * h_stride()));
@@ -272,7 +274,7 @@ public:
             for (cudaEvent_t& e : chain_done_) ER_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         }
         logits_ = pinned_alloc<float>(static_cast<size_t>(c_.n_vocab) * sizeof(float));
-        launches_.reserve(steps_.size() * 2 + 1);
+        launches_.reserve(steps_.size() * 2 + 4);
         // (once the buffers' widths and the step block exist: one-token steps have one shape)
         qnorm_ = device_alloc<uint8_t>(static_cast<size_t>(c_.n_embd / 32) * qblock_bytes() + 256);
         qnorm_ss_ = device_alloc<float>(static_cast<size_t>(c_.n_embd / 32));
@@ -319,7 +321,7 @@ public:
         }
         std::memcpy(host_block_->tokens, in.tokens, static_cast<size_t>(n) * sizeof(int32_t));
         last_row_ = n - 1;
-        const int ending = sampling ? 1 + penalized(*in.sample) : 0;
+        const int ending = sampling ? 1 + variant(*in.sample) : 0;
         const bool replayable = n == 1 && !in.logits_out;
         if (replayable && dispatch_ == Dispatch::Recorded) {
             if (!graph_[ending]) record(in, &graph_[ending]);
@@ -350,7 +352,7 @@ public:
     int chain_depth() const override { return dispatch_ == Dispatch::Recorded && plan_.max_tokens == 1 ? kChain : 0; }
 
     void chain_push(int64_t pos, const SamplingParams& p, uint64_t sample_step, const int32_t* first_token) override {
-        const int k = static_cast<int>(pushed_ % kChain), v = penalized(p);
+        const int k = static_cast<int>(pushed_ % kChain), v = variant(p);
         StepBlock* dev = chain_block(k);
         StepBlock& host = chain_host_.get()[k];
         host.pos0 = pos;
@@ -389,8 +391,8 @@ public:
 private:
     static constexpr int kChain = 3;  // step blocks in flight
 
-    // The kChain graphs of variant v (penalized: 1), before any of them runs (what they read
-    // comes from their blocks).
+    // The kChain graphs of variant v, before any of them runs (what they read comes from their
+    // blocks).
     void record_chain(const SamplingParams& p, int v) {
         ER_CUDA(cudaStreamSynchronize(stream_));
         for (int k = 0; k < kChain; ++k) {
@@ -405,6 +407,9 @@ private:
 
     // Whether a sampled step with p runs penalize before the sampler (bias or penalties).
     static bool penalized(const SamplingParams& p) { return !p.logit_bias.empty() || penalties_on(p); }
+    // A sampled step's launches, by p: penalize before the sampler (1), the whole-vocabulary
+    // draw's two kernels after it (2), both, or neither.
+    int variant(const SamplingParams& p) const { return penalized(p) + 2 * wide_draw(p, static_cast<int32_t>(c_.n_vocab)); }
 
     // p's header for the step block; with bias or penalties, their buffers made (the first time)
     // and the bias table brought up to date (when p's bias differs from the last one sent: a copy
@@ -579,6 +584,7 @@ private:
     std::unique_ptr<float, FreeHost> logits_;
     DevicePtr<double> sample_scratch_;  // the sampler's weights, n_vocab
     DevicePtr<unsigned long long> sample_best_;  // the sampler's blocks' merged best, then their count
+    DevicePtr<WideState> sample_wide_;           // the whole-vocabulary draw's histograms and counters
     // bias and penalties (made at the first step that has them): the logits after them, the
     // window's counts (zero between steps), the bias table (merged_bias: tokens rising) and the
     // bias last sent to it, as given, and as sent
@@ -591,14 +597,14 @@ private:
     std::vector<float> bias_host_values_;
     cudaStream_t stream_ = nullptr;
     std::vector<Launch> launches_;       // eager: this step's launches (capacity kept)
-    cudaGraphExec_t graph_[3] = {};      // recorded: the one-token step ending in logits / a drawn token / one drawn after
-                                         // bias and penalties
+    cudaGraphExec_t graph_[5] = {};      // recorded: the one-token step ending in logits, or in a drawn token (1 + its
+                                         // sampling variant)
     DevicePtr<uint8_t> chain_blocks_;                  // chained decode: kChain step blocks
     std::unique_ptr<StepBlock, FreeHost> chain_host_;  // their pinned staging copies
-    cudaGraphExec_t chain_graph_[2][kChain] = {};  // plain, penalized
+    cudaGraphExec_t chain_graph_[4][kChain] = {};  // by sampling variant
     cudaEvent_t chain_done_[kChain] = {};
     uint64_t pushed_ = 0, popped_ = 0;
-    Table table_[3];                     // argument_buffers: the same three
+    Table table_[5];                     // argument_buffers: the same five
     int64_t last_row_ = 0;               // the last run's last token row
 };
 
@@ -941,6 +947,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
         SampleArgs a{logits, static_cast<int32_t>(c_.n_vocab), &b->sampling, &b->sample_step, sample_scratch_.get(),
                      sample_best_.get(), reinterpret_cast<unsigned*>(sample_best_.get() + 1), drawn ? drawn : &b->sampled};
         a.out_host = drawn != nullptr;
+        if (wide_draw(*in.sample, static_cast<int32_t>(c_.n_vocab))) a.wide = sample_wide_.get();
         if (next) {
             a.next = next->tokens;
             a.pos0 = &b->pos0;
@@ -948,7 +955,8 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
             a.next_step = &next->sample_step;
             a.next_params = &next->sampling;
         }
-        push(Part::Sample, sample(a));
+        const SampleLaunches s = sample(a);
+        for (int i = 0; i < s.count; ++i) push(Part::Sample, s.launch[i]);
     }
 }
 

@@ -1,15 +1,21 @@
 // Sampling at the end of a step, in two parts. First the greedy token (the max logit, lowest id
 // on ties): a grid of blocks, each over its slice of kSlice logits, merges its best into one
 // 64-bit word (logit key << 32 | ~id, -0 as +0: an atomicMax orders by logit, then by lowest
-// id), and the last block to finish (a counter) takes the merged best and resets both. That
-// block alone then samples, when the temperature asks for it. Instead of sorting, every cut of
-// the contract is a threshold on the logit: "the tokens at or above logit θ" is a prefix of the
-// contract's order (logit descending), so top-k, top-p and the draw each become a search for the
-// θ at which a count or a sum over {l ≥ θ} crosses its target: a bisection over the 2^32 ordered
-// float keys, 32 block-wide reductions each. Ties between equal logits resolve to the lowest id
-// (the contract walks them in id order; with continuous logits they do not occur). With top-k
-// of up to 1024 (the common case) the k best are found and sorted instead, and the walk is the
-// CPU's (sample_top_k): a few passes over the logits, not a hundred.
+// id), and the last block to finish (a counter) takes the merged best and resets both. Then the
+// draw, when the temperature asks for one. Instead of sorting, every cut of the contract is a
+// threshold on the logit: "the tokens at or above logit θ" is a prefix of the contract's order
+// (logit descending), so top-k, top-p and the draw each become a search for the θ at which a
+// count or a sum over {l ≥ θ} crosses its target.
+//  - top-k of up to 1024 (the common case), in Sample's last block: the k best are found (a
+//    radix search of the counts) and sorted, and the walk is the CPU's (sample_top_k).
+//  - The whole vocabulary (no top-k), over the GPU: SampleMass gives every token its softmax
+//    weight and sums them, in fixed point, into histograms by the top 16 bits of the logit's key;
+//    its last block finds the buckets where top-p's and the draw's cuts fall; SampleWalk collects
+//    the tokens of those buckets, and its last block sorts them and walks them exactly.
+//  - Otherwise (top-k over 1024; more than 1024 tokens in those buckets, as with many equal
+//    logits) one block bisects: 32 block-wide reductions over the 2^32 ordered keys for each cut
+//    (draw_by_bisection).
+// Ties between equal logits resolve to the lowest id (the contract walks them in id order).
 #include <cfloat>
 
 #include "check.cuh"
@@ -20,6 +26,7 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kSlice = 16 * kThreads;  // a block's logits for the greedy token: four float4s a thread, loaded at once
+constexpr unsigned kFull = 0xFFFFFFFFu;  // (a warp)
 
 __device__ __forceinline__ uint64_t mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -37,7 +44,7 @@ __device__ __forceinline__ float from_key(uint32_t k) { return __uint_as_float(k
 template <typename T>
 __device__ T block_sum(T v, T* shared) {
 #pragma unroll
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(kFull, v, o);
     __syncthreads();
     if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
     __syncthreads();
@@ -46,24 +53,11 @@ __device__ T block_sum(T v, T* shared) {
     return total;
 }
 
-// The largest key θ for which f(θ) >= target, f non-increasing in θ (f(0) is everything).
-template <typename F>
-__device__ uint32_t search(F f, double target) {
-    uint32_t lo = 0, hi = 0xFFFFFFFFu;  // f(lo) >= target holds; find the last such key
-    while (lo < hi) {
-        const uint32_t mid = lo + static_cast<uint32_t>((static_cast<uint64_t>(hi) - lo + 1) / 2);  // no wrap at 2^32
-        if (f(mid) >= target) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
 // f(value, id, valid) over the logits, each thread its ids in rising order, kLoads float4s (or
 // floats) in flight at once; every lane of every warp calls f equally often (valid = false past
 // the end, value -FLT_MAX), so f may use warp collectives.
-template <typename F>
+template <int kLoads = 4, typename F>
 __device__ __forceinline__ void for_each_logit(const float* __restrict__ l, int n, F f) {
-    constexpr int kLoads = 4;
     const int t = static_cast<int>(threadIdx.x);
     int from = 0;
     if (reinterpret_cast<uintptr_t>(l) % 16 == 0) {
@@ -110,6 +104,187 @@ __device__ __forceinline__ void emit(const SampleArgs& a, int32_t token) {
     if (a.out_host) __threadfence_system();
 }
 
+// Sorts cand[0, count) (count <= kThreads, in shared memory with room for the next power of two)
+// into descending order: a bitonic sort, block-wide, the tail padded with zeros.
+__device__ void sort_descending(unsigned long long* cand, int count) {
+    int size = 1;
+    while (size < count) size *= 2;
+    __syncthreads();  // (cand written)
+    for (int i = count + threadIdx.x; i < size; i += kThreads) cand[i] = 0;
+    for (int width = 2; width <= size; width *= 2)
+        for (int stride = width / 2; stride > 0; stride /= 2) {
+            __syncthreads();
+            const int i = threadIdx.x, j = i ^ stride;
+            if (i < size && j > i) {
+                const unsigned long long x = cand[i], y = cand[j];
+                if (((i & width) == 0) == (x < y)) cand[i] = y, cand[j] = x;
+            }
+        }
+    __syncthreads();
+}
+
+// A token's order key: its logit's key, then its id reversed (the contract's order, descending).
+__device__ __forceinline__ unsigned long long order_key(uint32_t k, int32_t id) {
+    return static_cast<unsigned long long>(k) << 32 | ~static_cast<uint32_t>(id);
+}
+__device__ __forceinline__ int32_t order_id(unsigned long long o) { return static_cast<int32_t>(~static_cast<uint32_t>(o)); }
+
+// The contract's uniform: 24 random bits U, u = U · 2^-24.
+__device__ __forceinline__ uint32_t uniform_bits(uint64_t seed, uint64_t step) {
+    const uint64_t state = mix(seed) + (step + 1) * 0x9E3779B97F4A7C15ull;
+    return static_cast<uint32_t>(mix(state) >> 40);
+}
+
+// The contract's softmax weight, float64: the largest logit weighs 1 exactly.
+__device__ __forceinline__ double weight(float l, float mx, double t) {
+    return l == mx ? 1.0 : exp(__ddiv_rn(__dsub_rn(static_cast<double>(l), static_cast<double>(mx)), t));
+}
+
+// A token's mass is its weight w in fixed point, w · 2^shift rounded (0 where w is 0 or NaN), with
+// shift = 46 or less so that the whole vocabulary's sums stay below 2^63 (2^-46 ≈ 1.4e-14: a draw
+// can differ from the CPU's float64 walk only where u · S falls within about n · 2^-47 of a
+// token's edge). Integer sums are the same bits in any order: every run and every split over
+// blocks gives the same draw.
+struct Mass {
+    unsigned long long all = 0, kept = 0;
+    __device__ Mass operator+(const Mass& o) const { return {all + o.all, kept + o.kept}; }
+};
+
+__device__ __forceinline__ double mass_scale(int32_t n) {
+    const int ceil_log2 = n > 1 ? 32 - __clz(n - 1) : 0;
+    return static_cast<double>(1ull << min(46, 63 - ceil_log2));
+}
+__device__ __forceinline__ unsigned long long fixed_mass(double w, double scale) {
+    return w > 0.0 ? static_cast<unsigned long long>(w * scale + 0.5) : 0ull;  // (w · scale exact, below 2^52)
+}
+// The draw's target: the cut is at the first token whose cumulative mass c has c > u · S, which
+// for integers is c > floor(U · S / 2^24) (exact: no overflow below S = 2^63).
+__device__ __forceinline__ unsigned long long draw_target(uint32_t u_bits, unsigned long long s) {
+    return u_bits * (s >> 24) + ((u_bits * (s & 0xFFFFFFull)) >> 24);
+}
+// The sum of q (< 2^46) over the lanes in peers: two 32-bit sums, of its 23-bit halves.
+__device__ __forceinline__ unsigned long long peer_sum(unsigned peers, unsigned long long q) {
+    return (static_cast<unsigned long long>(__reduce_add_sync(peers, static_cast<unsigned>(q >> 23))) << 23) +
+           __reduce_add_sync(peers, static_cast<unsigned>(q & 0x7FFFFFu));
+}
+// Block-wide (one value a thread): the inclusive prefix sum, and the lowest thread for which a
+// test holds (kThreads where none does).
+__device__ unsigned long long block_scan(unsigned long long v, unsigned long long* warp_sums) {
+    const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+    for (int o = 1; o < 32; o *= 2) {
+        const unsigned long long x = __shfl_sync(kFull, v, lane - o);
+        if (lane >= o) v += x;
+    }
+    __syncthreads();
+    if (lane == 31) warp_sums[warp] = v;
+    __syncthreads();
+    for (int w = 0; w < warp; ++w) v += warp_sums[w];
+    return v;
+}
+__device__ int block_first(bool test, int* first) {
+    __syncthreads();
+    if (threadIdx.x == 0) *first = kThreads;
+    __syncthreads();
+    if (test) atomicMin(first, static_cast<int>(threadIdx.x));
+    __syncthreads();
+    return *first;
+}
+
+// The largest key θ for which ok(θ) holds (ok non-increasing in θ, ok(0) true).
+template <typename F>
+__device__ uint32_t search(F ok) {
+    uint32_t lo = 0, hi = 0xFFFFFFFFu;
+    while (lo < hi) {
+        const uint32_t mid = lo + static_cast<uint32_t>((static_cast<uint64_t>(hi) - lo + 1) / 2);  // no wrap at 2^32
+        if (ok(mid)) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Where the walk over the tokens at or above order key `floor`, in the contract's order, first
+// passes `pass` (a test on the running total of value(i), true of the whole walk's): the order
+// key of the token it passes at. One block; every thread gets it. A bisection finds that
+// token's logit key θ (the last key whose tokens at or above it pass); tokens tied at θ (equal
+// logits: equal values) are walked by count, and the one reached found by its rank in id order.
+template <typename Value, typename Pass>
+__device__ unsigned long long cut_by_bisection(const float* __restrict__ l, int32_t n, unsigned long long floor, Value value, Pass pass) {
+    __shared__ unsigned long long sums[kThreads / 32];
+    __shared__ unsigned long long found;
+    const auto total = [&](uint32_t th) {  // over the tokens at or above floor with key >= th
+        unsigned long long s = 0;
+        for (int i = threadIdx.x; i < n; i += kThreads) {
+            const uint32_t k = key(l[i]);
+            if (k >= th && order_key(k, i) >= floor) s += value(i);
+        }
+        return block_sum(s, sums);
+    };
+    const uint32_t th = search([&](uint32_t t) { return pass(total(t)); });
+    unsigned long long above = 0, tied = 0, tied_value = 0;
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+        const uint32_t k = key(l[i]);
+        if (k < th || order_key(k, i) < floor) continue;
+        if (k > th) above += value(i);
+        else ++tied, tied_value += value(i);
+    }
+    above = block_sum(above, sums);
+    tied = block_sum(tied, sums);
+    const unsigned long long v = block_sum(tied_value, sums) / max(tied, 1ull);
+    unsigned long long lo = 1, hi = tied;  // the tied tokens the walk takes: the fewest j that pass
+    while (lo < hi) {
+        const unsigned long long mid = (lo + hi) / 2;
+        if (pass(above + mid * v)) hi = mid;
+        else lo = mid + 1;
+    }
+    // the lo-th tied token by id: each thread counts those of its run of ids, then the one whose
+    // run holds it walks its run
+    const int run = (n + kThreads - 1) / kThreads, from = static_cast<int>(threadIdx.x) * run, to = min(n, from + run);
+    unsigned long long mine = 0;
+    for (int i = from; i < to; ++i) mine += key(l[i]) == th && order_key(th, i) >= floor;
+    const unsigned long long upto = block_scan(mine, sums);
+    if (upto >= lo && upto - mine < lo)
+        for (int i = from, r = static_cast<int>(upto - mine); i < to; ++i)
+            if (key(l[i]) == th && order_key(th, i) >= floor && ++r == static_cast<int>(lo)) found = order_key(th, i);
+    __syncthreads();
+    return found;
+}
+
+// The general draw in one block (thread 0's answer; every cut by cut_by_bisection, masses in fixed
+// point as SampleMass's), with q the scratch (n words: each token's mass, bit 63 set where min-p
+// keeps it). top: the greedy token, drawn where nothing has mass (no finite logit).
+__device__ int32_t draw_by_bisection(const float* __restrict__ l, int32_t n, const DeviceSampling& p, uint32_t u_bits, float mx,
+                                     int32_t top, unsigned long long* q) {
+    constexpr unsigned long long kKept = 1ull << 63;
+    __shared__ unsigned long long sums[kThreads / 32];
+    const double scale = mass_scale(n);
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+        const double w = weight(l[i], mx, p.temperature);
+        q[i] = fixed_mass(w, scale) | (w >= p.min_p && w > 0.0 ? kKept : 0ull);
+    }
+    __syncthreads();
+    const auto total = [&](unsigned long long floor, auto value) {
+        unsigned long long s = 0;
+        for (int i = threadIdx.x; i < n; i += kThreads)
+            if (order_key(key(l[i]), i) >= floor) s += value(i);
+        return block_sum(s, sums);
+    };
+    unsigned long long floor = 0;  // the order key the kept prefix ends at
+    if (p.top_k > 0 && p.top_k < n)
+        floor = cut_by_bisection(l, n, floor, [](int) { return 1ull; }, [&](unsigned long long c) { return c >= static_cast<unsigned long long>(p.top_k); });
+    const auto mass = [&](int i) { return q[i] & ~kKept; };
+    if (p.top_p < 1.0f) {
+        const unsigned long long z = total(floor, mass);
+        if (z == 0) return top;
+        const unsigned long long need = min(z, max(1ull, static_cast<unsigned long long>(ceil(static_cast<double>(p.top_p) * static_cast<double>(z)))));
+        floor = cut_by_bisection(l, n, floor, mass, [&](unsigned long long c) { return c >= need; });
+    }
+    const auto kept = [&](int i) { return q[i] & kKept ? q[i] & ~kKept : 0ull; };
+    const unsigned long long s = total(floor, kept);
+    if (s == 0) return top;
+    const unsigned long long target = draw_target(u_bits, s);
+    return order_id(cut_by_bisection(l, n, floor, kept, [&](unsigned long long c) { return c > target; }));
+}
+
 // top-k with k <= kMaxCandidates: the CPU sampler's walk over its k best tokens, in its order.
 // The k-th largest key θ comes from a radix search (four passes of 8 bits, integer histograms:
 // exact), the tokens at or above θ are sorted in shared memory (logit descending, id ascending:
@@ -135,7 +310,7 @@ __device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const De
         for_each_logit(l, n, [&](float v, int, bool valid) {  // one atomic per bucket and warp
             const uint32_t kk = key(v);
             const bool in = valid && (kk & mask) == (prefix & mask);
-            const unsigned bucket = in ? kk >> shift & 255 : 256, peers = __match_any_sync(0xFFFFFFFFu, bucket);
+            const unsigned bucket = in ? kk >> shift & 255 : 256, peers = __match_any_sync(kFull, bucket);
             if (in && lane == __ffs(static_cast<int>(peers)) - 1) atomicAdd(&hist[bucket], __popc(peers));
         });
         __syncthreads();
@@ -145,10 +320,10 @@ __device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const De
             for (int j = 0; j < 8; ++j) sum += h[j] = hist[8 * lane + j];
             int suffix = sum;  // over this lane's buckets and every later lane's
             for (int o = 1; o < 32; o *= 2) {
-                const int v = __shfl_down_sync(0xFFFFFFFFu, suffix, o);
+                const int v = __shfl_down_sync(kFull, suffix, o);
                 if (lane + o < 32) suffix += v;
             }
-            const unsigned ok = __ballot_sync(0xFFFFFFFFu, above + suffix >= k);  // lanes 0 .. L
+            const unsigned ok = __ballot_sync(kFull, above + suffix >= k);  // lanes 0 .. L
             if (lane == (ok ? 31 - __clz(static_cast<int>(ok)) : 0)) {
                 int c = above + suffix - sum, b = 7;
                 for (; b > 0 && c + h[b] < k; --b) c += h[b];
@@ -165,24 +340,11 @@ __device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const De
     if (threadIdx.x == 0) n_cand = 0;
     __syncthreads();
     for_each_logit(l, n, [&](float v, int i, bool valid) {
-        if (valid && key(v) >= prefix) cand[atomicAdd(&n_cand, 1)] = static_cast<unsigned long long>(key(v)) << 32 | ~static_cast<uint32_t>(i);
+        if (valid && key(v) >= prefix) cand[atomicAdd(&n_cand, 1)] = order_key(key(v), i);
     });
-    int size = 1;
-    while (size < count) size *= 2;
-    for (int i = count + threadIdx.x; i < size; i += kThreads) cand[i] = 0;
-    for (int width = 2; width <= size; width *= 2)  // bitonic sort, descending
-        for (int stride = width / 2; stride > 0; stride /= 2) {
-            __syncthreads();
-            const int i = threadIdx.x, j = i ^ stride;
-            if (i < size && j > i) {
-                const unsigned long long x = cand[i], y = cand[j];
-                if (((i & width) == 0) == (x < y)) cand[i] = y, cand[j] = x;
-            }
-        }
-    __syncthreads();
+    sort_descending(cand, count);
     if (static_cast<int>(threadIdx.x) < k) {
-        const float li = l[~static_cast<uint32_t>(cand[threadIdx.x])];
-        wk[threadIdx.x] = li == mx ? 1.0 : exp((static_cast<double>(li) - mx) / p.temperature);
+        wk[threadIdx.x] = weight(l[order_id(cand[threadIdx.x])], mx, p.temperature);
     }
     __syncthreads();
     if (threadIdx.x != 0) return 0;
@@ -210,7 +372,7 @@ __device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const De
             pick = i;
             break;
         }
-    return static_cast<int32_t>(~static_cast<uint32_t>(cand[pick]));
+    return order_id(cand[pick]);
 }
 
 __device__ void Sample::run(const SampleArgs& a) {
@@ -222,7 +384,6 @@ __device__ void Sample::run(const SampleArgs& a) {
     wait_inputs();
     const float* __restrict__ l = a.logits;
     const int32_t n = a.n_vocab;
-    __shared__ double dsh[kThreads / 32];
     __shared__ float fsh[kThreads / 32];
     __shared__ int ish[kThreads / 32];
     __shared__ int best_id;
@@ -237,8 +398,8 @@ __device__ void Sample::run(const SampleArgs& a) {
     });
     auto warp_best = [&] {
         for (int o = 16; o > 0; o /= 2) {
-            const float m2 = __shfl_xor_sync(0xFFFFFFFFu, mx, o);
-            const int a2 = __shfl_xor_sync(0xFFFFFFFFu, arg, o);
+            const float m2 = __shfl_xor_sync(kFull, mx, o);
+            const int a2 = __shfl_xor_sync(kFull, arg, o);
             if (m2 > mx || (m2 == mx && a2 < arg)) mx = m2, arg = a2;
         }
     };
@@ -272,7 +433,6 @@ __device__ void Sample::run(const SampleArgs& a) {
     if (!last) return;
     mx = fsh[0];
     const int top = best_id;
-    double* w = a.scratch;
     if (a.next_pos0 && threadIdx.x == 0) {
         *a.next_pos0 = pos0 + 1;
         *a.next_step = step + 1;
@@ -282,52 +442,241 @@ __device__ void Sample::run(const SampleArgs& a) {
         if (threadIdx.x == 0) emit(a, top);
         return;
     }
-    const uint64_t state = mix(p.seed) + (step + 1) * 0x9E3779B97F4A7C15ull;
-    const double u = static_cast<double>(static_cast<float>(mix(state) >> 40) * 0x1.0p-24f);
-    if (p.top_k > 0 && p.top_k < n && p.top_k <= kMaxCandidates) {
-        const int32_t token = sample_top_k(l, n, p, u, mx);  // (thread 0's answer)
+    const bool top_k = p.top_k > 0 && p.top_k < n;
+    if (a.wide && !top_k && top < n && mx <= FLT_MAX) {  // SampleMass and SampleWalk draw (a finite largest logit)
+        if (threadIdx.x == 0) a.wide->mx = mx, a.wide->top = top, a.wide->active = 1;
+        return;
+    }
+    const uint32_t u_bits = uniform_bits(p.seed, step);
+    if (top_k && p.top_k <= kMaxCandidates) {
+        const int32_t token = sample_top_k(l, n, p, u_bits * 0x1.0p-24, mx);  // (thread 0's answer)
         if (token >= 0) {  // (uniform: every thread returns -1 or none does)
             if (threadIdx.x == 0) emit(a, token);
             return;
         }
     }
-    // w = exp((l - l_max) / T) in float64: the top token weighs 1 exactly
-    for (int i = threadIdx.x; i < n; i += kThreads) w[i] = exp((static_cast<double>(l[i]) - mx) / p.temperature);
-    __syncthreads();
-    const auto count_at = [&](uint32_t th) {
-        int c = 0;
-        for (int i = threadIdx.x; i < n; i += kThreads) c += key(l[i]) >= th;
-        return block_sum(c, ish);
-    };
-    const auto mass_at = [&](uint32_t th, uint32_t floor_key, bool min_p) {
-        double s = 0;
-        for (int i = threadIdx.x; i < n; i += kThreads) {
-            const uint32_t k = key(l[i]);
-            if (k >= th && k >= floor_key && w[i] > 0.0 && (!min_p || w[i] >= p.min_p)) s += w[i];
+    const int32_t token = draw_by_bisection(l, n, p, u_bits, mx, top, reinterpret_cast<unsigned long long*>(a.scratch));
+    if (threadIdx.x == 0) emit(a, token);
+}
+
+// ---- the whole-vocabulary draw: SampleMass, then SampleWalk ----------------------------------
+constexpr int kSpan = kThreads * 4;  // their tokens a block: a float4 a thread
+
+// Which masses a step's cuts use: every token's (top-p), the kept tokens' (the draw; the same as
+// every token's where min-p is off: tokens with w = 0 weigh 0).
+struct MassUse {
+    bool all, kept;
+    __device__ explicit MassUse(const DeviceSampling& p) : all(p.top_p < 1.0f || p.min_p <= 0.0f), kept(p.min_p > 0.0f) {}
+    __device__ int kept_index() const { return kept ? 1 : 0; }
+};
+
+// Where the walk over the buckets from the top (the contract's order) first passes `pass`, a test
+// on the mass walked so far: over the 256 coarse buckets, then the 256 fine ones inside the
+// coarse one found. Warp-wide (each lane 8 of a level's buckets); bucket -1 where it never passes.
+struct Cut {
+    int32_t bucket;
+    Mass above;  // the buckets' before it
+};
+template <typename Pass>
+__device__ Cut find_cut(const WideState& st, const MassUse& use, Pass pass) {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    Mass base;
+    int32_t bucket = 0;
+    for (int level = 0; level < 2; ++level) {
+        const unsigned long long* all = level == 0 ? st.coarse[0] : st.fine[0] + bucket * 256;
+        const unsigned long long* kept = level == 0 ? st.coarse[use.kept_index()] : st.fine[use.kept_index()] + bucket * 256;
+        Mass m[8], sum;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int b = 255 - 8 * lane - j;
+            m[j] = Mass{__ldcg(all + b), __ldcg(kept + b)};
+            sum = sum + m[j];
         }
-        return block_sum(s, dsh);
-    };
-    // top-k: the k best are the tokens at or above the k-th largest logit
-    uint32_t floor_key = 0;
-    if (p.top_k > 0 && p.top_k < n) floor_key = search(count_at, static_cast<double>(p.top_k));
-    // top-p: the shortest prefix whose mass reaches top_p of the candidates' mass
-    if (p.top_p < 1.0f) {
-        const double z = mass_at(0, floor_key, false);
-        floor_key = max(floor_key, search([&](uint32_t th) { return mass_at(th, floor_key, false); }, static_cast<double>(p.top_p) * z));
+        Mass upto = sum;  // over this lane's buckets and every earlier lane's
+        for (int o = 1; o < 32; o *= 2) {
+            const Mass v{__shfl_sync(kFull, upto.all, lane - o), __shfl_sync(kFull, upto.kept, lane - o)};
+            if (lane >= o) upto = upto + v;
+        }
+        const unsigned ok = __ballot_sync(kFull, pass(base + upto));
+        if (!ok) return Cut{-1, base};
+        const int first = __ffs(static_cast<int>(ok)) - 1;
+        Mass above = base + Mass{upto.all - sum.all, upto.kept - sum.kept};
+        int j = 0;
+        if (lane == first)
+            for (; j < 7 && !pass(above + m[j]); ++j) above = above + m[j];
+        j = __shfl_sync(kFull, j, first);
+        base = Mass{__shfl_sync(kFull, above.all, first), __shfl_sync(kFull, above.kept, first)};
+        bucket = bucket * 256 + 255 - 8 * first - j;
     }
-    // min-p drops w < min_p; then the draw: the first token, in order, whose cumulative mass
-    // exceeds u · S
-    const bool min_p = p.min_p > 0.0f;
-    const double s_total = mass_at(0, floor_key, min_p);
-    // largest θ whose mass over {l ≥ θ} exceeds u·S: the drawn token has logit θ
-    const uint32_t th = search([&](uint32_t t) { return mass_at(t, floor_key, min_p) > u * s_total ? 1.0 : 0.0; }, 1.0);
+    return Cut{bucket, base};
+}
+
+struct SampleMass {
+    using Args = SampleArgs;
+    static __device__ void run(const Args& a);
+};
+
+// Every token's mass into the histograms (fine: global atomics; coarse: the block's, warp by
+// warp, then global), then in the last block the buckets of the cuts: top-p's (its target
+// top_p · Z, Z the mass of every token) and the draw's (U · S / 2^24, S the kept mass: exact
+// without top-p; with it, S is known only to lie between the kept mass above top-p's bucket and
+// that plus the bucket's, so the draw's cut is given as the range of buckets those two bound).
+__device__ void SampleMass::run(const SampleArgs& a) {
+    allow_next();
+    const DeviceSampling p = *a.params;
+    const uint64_t step = *a.step;
+    wait_inputs();
+    WideState& st = *a.wide;
+    if (!st.active) return;
+    const int32_t n = a.n_vocab, from = static_cast<int32_t>(blockIdx.x) * kSpan;
+    const float mx = st.mx;
+    const double scale = mass_scale(n), t = p.temperature, min_w = p.min_p;
+    const MassUse use(p);
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    __shared__ unsigned long long coarse[2][256];
+    __shared__ bool last;
+    for (int i = threadIdx.x; i < 2 * 256; i += kThreads) coarse[i / 256][i % 256] = 0;
     __syncthreads();
-    if (threadIdx.x == 0) best_id = n;
+    for_each_logit<1>(a.logits + from, min(kSpan, n - from), [&](float v, int, bool valid) {
+        const uint32_t k = key(v);
+        const double w = valid ? weight(v, mx, t) : 0.0;
+        const unsigned long long q = fixed_mass(w, scale), q_kept = w >= min_w ? q : 0;
+        if (q != 0 && use.all) atomicAdd(&st.fine[0][k >> 16], q);
+        if (q_kept != 0 && use.kept) atomicAdd(&st.fine[1][k >> 16], q_kept);
+        // coarse: the warp's lanes of one bucket summed first
+        const unsigned bucket = valid ? k >> 24 : 256u, peers = __match_any_sync(kFull, bucket);
+        const unsigned long long all = peer_sum(peers, q), kept = peer_sum(peers, q_kept);
+        if (bucket < 256 && lane == __ffs(static_cast<int>(peers)) - 1) {
+            if (use.all && all != 0) atomicAdd(&coarse[0][bucket], all);
+            if (use.kept && kept != 0) atomicAdd(&coarse[1][bucket], kept);
+        }
+    });
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += kThreads)
-        if (key(l[i]) == th && key(l[i]) >= floor_key && w[i] > 0.0 && (!min_p || w[i] >= p.min_p)) atomicMin(&best_id, i);
+    for (int i = threadIdx.x; i < 2 * 256; i += kThreads)
+        if (coarse[i / 256][i % 256]) atomicAdd(&st.coarse[i / 256][i % 256], coarse[i / 256][i % 256]);
+    __threadfence();  // (the block's sums in before the count says so)
     __syncthreads();
-    if (threadIdx.x == 0) emit(a, best_id < n ? best_id : top);
+    if (threadIdx.x == 0) last = gridDim.x == 1 || atomicAdd(&st.done[0], 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last || threadIdx.x >= 32) return;
+    // the last block's first warp: the cuts
+    Mass total;
+    for (int b = lane; b < 256; b += 32) total = total + Mass{__ldcg(&st.coarse[0][b]), __ldcg(&st.coarse[use.kept_index()][b])};
+    for (int o = 16; o > 0; o /= 2)
+        total = total + Mass{__shfl_xor_sync(kFull, total.all, o), __shfl_xor_sync(kFull, total.kept, o)};
+    const uint32_t u_bits = uniform_bits(p.seed, step);
+    int32_t cut_p = -1;
+    unsigned long long need = 0, s_lo = total.kept, s_hi = total.kept;
+    Mass above_p;
+    if (p.top_p < 1.0f) {  // the first bucket where the mass walked reaches top_p · Z
+        need = min(total.all, max(1ull, static_cast<unsigned long long>(ceil(static_cast<double>(p.top_p) * static_cast<double>(total.all)))));
+        const Cut c = find_cut(st, use, [&](const Mass& m) { return m.all >= need; });
+        cut_p = c.bucket;
+        above_p = c.above;
+        s_lo = c.above.kept;
+        s_hi = s_lo + (cut_p >= 0 ? __ldcg(&st.fine[use.kept_index()][cut_p]) : 0);
+    }
+    const Cut hi = find_cut(st, use, [&](const Mass& m) { return m.kept > draw_target(u_bits, s_lo); });
+    const Cut lo = find_cut(st, use, [&](const Mass& m) { return m.kept > draw_target(u_bits, s_hi); });
+    const bool found = (p.top_p >= 1.0f || cut_p >= 0) && hi.bucket >= 0 && lo.bucket >= 0;  // (always, but for a bug)
+    if (lane == 0) {
+        st.cut_p = cut_p;
+        st.need = need;
+        st.all_above_p = above_p.all;
+        st.kept_above_p = above_p.kept;
+        st.draw_hi = found ? hi.bucket : -1;  // (-1: SampleWalk collects nothing, and bisects)
+        st.draw_lo = found ? lo.bucket : -1;
+        st.kept_above_d = hi.above.kept;
+        st.kept_total = total.kept;
+        st.done[0] = 0;
+    }
+    for (int i = lane; i < 2 * 256; i += 32) st.coarse[i / 256][i % 256] = 0;
+}
+
+struct SampleWalk {
+    using Args = SampleArgs;
+    static __device__ void run(const Args& a);
+};
+
+// The tokens of the cuts' buckets collected (their order keys, into the scratch; each token's
+// buckets zeroed on the way, for the next step), then in the last block sorted and walked: the
+// top-p prefix ends at the first candidate of its bucket whose cumulative mass reaches `need`,
+// which gives S exactly; the draw is the first kept candidate of its buckets at or above that
+// end whose cumulative kept mass exceeds U · S / 2^24. More candidates than one block sorts
+// (many equal logits): draw_by_bisection.
+__device__ void SampleWalk::run(const SampleArgs& a) {
+    allow_next();
+    const DeviceSampling p = *a.params;
+    const uint64_t step = *a.step;
+    wait_inputs();
+    WideState& st = *a.wide;
+    if (!st.active) return;
+    const int32_t n = a.n_vocab, from = static_cast<int32_t>(blockIdx.x) * kSpan;
+    const int32_t cut_p = st.cut_p, hi = st.draw_hi, lo = st.draw_lo;
+    const MassUse use(p);
+    unsigned long long* cand = reinterpret_cast<unsigned long long*>(a.scratch);
+    __shared__ bool last;
+    __shared__ unsigned n_cand;
+    for_each_logit<1>(a.logits + from, min(kSpan, n - from), [&](float v, int i, bool valid) {
+        if (!valid) return;
+        const uint32_t k = key(v);
+        const int32_t f = static_cast<int32_t>(k >> 16);
+        if (use.all) st.fine[0][f] = 0;
+        if (use.kept) st.fine[1][f] = 0;
+        if (hi >= 0 && (f == cut_p || (f <= hi && f >= lo))) cand[atomicAdd(&st.n_cand, 1u)] = order_key(k, from + i);
+    });
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = gridDim.x == 1 || atomicAdd(&st.done[1], 1u) == gridDim.x - 1;
+        if (last) {
+            n_cand = atomicExch(&st.n_cand, 0u);
+            st.done[1] = 0;
+        }
+    }
+    __syncthreads();
+    if (!last) return;
+    const float mx = st.mx;
+    const int32_t top = st.top;
+    const uint32_t u_bits = uniform_bits(p.seed, step);
+    const int count = static_cast<int>(n_cand);
+    int32_t token = -1;
+    __shared__ unsigned long long sorted[kMaxCandidates];
+    __shared__ unsigned long long sums[kThreads / 32], s_total;
+    __shared__ int first_at;
+    if (count <= kMaxCandidates && hi >= 0) {
+        const int i = static_cast<int>(threadIdx.x);
+        if (i < count) sorted[i] = __ldcg(cand + i);
+        sort_descending(sorted, count);
+        const bool valid = i < count;
+        const unsigned long long o = valid ? sorted[i] : 0;
+        const int32_t f = static_cast<int32_t>(o >> 48);
+        const double w = valid ? weight(a.logits[order_id(o)], mx, p.temperature) : 0.0;
+        const unsigned long long q = fixed_mass(w, mass_scale(n));
+        const bool kept = w >= p.min_p && w > 0.0;
+        unsigned long long theta = 0, s = st.kept_total;
+        bool found = true;
+        if (cut_p >= 0) {  // top-p's end: the first of its bucket whose mass walked reaches need
+            const bool in = valid && f == cut_p;
+            const unsigned long long c = st.all_above_p + block_scan(in ? q : 0, sums);
+            const int end = block_first(in && c >= st.need, &first_at);
+            found = end < count;
+            theta = found ? sorted[end] : 0;
+            s = st.kept_above_p + block_scan(in && o >= theta && kept ? q : 0, sums);
+            if (i == kThreads - 1) s_total = s;  // (the last thread's: the whole block's)
+            __syncthreads();
+            s = s_total;
+        }
+        const bool in = valid && f >= lo && f <= hi && kept && o >= theta;
+        const unsigned long long c = st.kept_above_d + block_scan(in ? q : 0, sums);
+        const int at = block_first(in && c > draw_target(u_bits, s), &first_at);
+        if (found && at < count) token = order_id(sorted[at]);
+    }
+    if (token < 0) token = draw_by_bisection(a.logits, n, p, u_bits, mx, top, cand);
+    if (threadIdx.x == 0) {
+        st.active = 0;
+        emit(a, token);
+    }
 }
 
 // The logits after bias and penalties, a slice of kSlice tokens a block: the slice copied, the
@@ -403,10 +752,19 @@ Launch penalize(const PenaltyArgs& a) {
     return make_launch<Penalize>(dim3(static_cast<unsigned>((a.n_vocab + kSlice - 1) / kSlice)), dim3(kThreads), a);
 }
 
-Launch sample(const SampleArgs& a) {
+bool wide_draw(const SamplingParams& p, int32_t n_vocab) { return p.temperature > 0.0f && (p.top_k <= 0 || p.top_k >= n_vocab); }
+
+SampleLaunches sample(const SampleArgs& a) {
     const int blocks = (a.n_vocab + kSlice - 1) / kSlice;
     if (blocks > 1 && (!a.best || !a.done)) throw std::logic_error("the device sampler of more than one block needs its scratch (best, done)");
-    return make_launch<Sample>(dim3(static_cast<unsigned>(blocks)), dim3(kThreads), a);
+    SampleLaunches s;
+    s.launch[s.count++] = make_launch<Sample>(dim3(static_cast<unsigned>(blocks)), dim3(kThreads), a);
+    if (a.wide) {
+        const dim3 grid(static_cast<unsigned>((a.n_vocab + kSpan - 1) / kSpan));
+        s.launch[s.count++] = make_launch<SampleMass>(grid, dim3(kThreads), a);
+        s.launch[s.count++] = make_launch<SampleWalk>(grid, dim3(kThreads), a);
+    }
+    return s;
 }
 
 }  // namespace edgerunner::cuda

@@ -4,6 +4,8 @@
 // tokens ordered by logit). Only the 4-byte token comes back. Bias and penalties are a kernel of
 // their own (penalize) that writes the adjusted logits for the sampler to read, from the token
 // history the embedding keeps on the device (EmbedArgs::history) and the runner's bias table.
+// A draw over the whole vocabulary (a temperature without top-k) takes two more kernels that
+// spread its softmax over the GPU (WideState, sample.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -55,12 +57,37 @@ struct PenaltyArgs {
 };
 Launch penalize(const PenaltyArgs& a);
 
+// The whole-vocabulary draw's device memory: zero at load, and each step leaves it zero. The
+// fixed-point mass of the tokens (sample.cu: their softmax weights in units of 2^-46 or finer,
+// integers, so sums are the same bits in any order) by the top 16 bits of their order key (fine)
+// and by the top 8 (coarse), of every token (0) and of those min-p keeps (1); what the sampler's
+// three kernels pass on; their counters.
+struct WideState {
+    unsigned long long fine[2][65536];
+    unsigned long long coarse[2][256];
+    // Sample → SampleMass, SampleWalk
+    int32_t active;  // this step's draw is theirs
+    float mx;        // the largest logit
+    int32_t top;     // its lowest id
+    // SampleMass → SampleWalk: the fine buckets the cuts fall in, the masses above them
+    int32_t cut_p;                 // top-p's (-1: top-p off)
+    int32_t draw_hi, draw_lo;      // the draw's cut falls in one of [draw_lo, draw_hi] (-1: not found)
+    unsigned long long need;       // top-p: the mass its prefix reaches
+    unsigned long long all_above_p, kept_above_p, kept_above_d;
+    unsigned long long kept_total;  // the mass the draw is over (without top-p)
+    unsigned done[2];               // SampleMass's, SampleWalk's blocks finished
+    unsigned n_cand;                // SampleWalk's candidates collected
+};
+// Whether a step with p draws over the whole vocabulary (a temperature, top-k off): the runner
+// then passes a WideState.
+bool wide_draw(const SamplingParams& p, int32_t n_vocab);
+
 struct SampleArgs {
     const float* logits;           // n_vocab floats
     int32_t n_vocab;
     const DeviceSampling* params;  // device: the step block's (a replayed step reads new values)
     const uint64_t* step;          // device: the RNG counter
-    double* scratch;               // n_vocab doubles
+    double* scratch;               // n_vocab doubles (or 8-byte words)
     unsigned long long* best;      // device, zero: the blocks' merged best (one word)
     unsigned* done;                // device, zero: the blocks that have merged theirs (both reset by the last)
     int32_t* out;                  // the drawn token (device memory, or pinned host memory: out_host)
@@ -72,7 +99,14 @@ struct SampleArgs {
     uint64_t* next_step = nullptr;
     DeviceSampling* next_params = nullptr;
     bool out_host = false;  // out is pinned host memory (fenced for the host to read after the step)
+    WideState* wide = nullptr;  // device, or null: a whole-vocabulary draw stays in Sample's one block
 };
-Launch sample(const SampleArgs& a);
+// The sampler's launches: Sample (the greedy token; top-k's draw), and with a.wide SampleMass and
+// SampleWalk (the whole-vocabulary draw; they return at once where the step's is not one).
+struct SampleLaunches {
+    Launch launch[3];
+    int count = 0;
+};
+SampleLaunches sample(const SampleArgs& a);
 
 }  // namespace edgerunner::cuda

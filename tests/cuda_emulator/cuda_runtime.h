@@ -95,7 +95,8 @@ inline void __syncwarp(unsigned = 0xFFFFFFFFu) { er_emulator::simdgroup_barrier(
 inline void __threadfence() {}
 inline void __threadfence_system() {}
 
-// Warp functions (one block's warps are its 32-lane SIMD groups; the mask is taken as full).
+// Warp functions (one block's warps are its 32-lane SIMD groups; the mask is taken as full, but by
+// __reduce_add_sync).
 template <typename T>
 T __shfl_xor_sync(unsigned, T v, int lane_mask) {
     return er_cuda_emulator::of_bits<T>(er_emulator::simd_exchange(er_cuda_emulator::bits_of(v), er_emulator::kXor, static_cast<uint32_t>(lane_mask)));
@@ -112,6 +113,8 @@ inline unsigned __ballot_sync(unsigned, int predicate) {
     return static_cast<unsigned>(er_emulator::simd_exchange(predicate != 0, er_emulator::kBallot, 0));
 }
 inline unsigned __match_any_sync(unsigned, unsigned v) { return static_cast<unsigned>(er_emulator::simd_exchange(v, er_emulator::kMatchAny, 0)); }
+// (the one warp function whose mask is used: the sum is over the lanes it names)
+inline unsigned __reduce_add_sync(unsigned mask, unsigned v) { return static_cast<unsigned>(er_emulator::simd_exchange(v, er_emulator::kSumIn, mask)); }
 
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
@@ -125,6 +128,8 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline int __float2int_rn(float f) { return static_cast<int>(std::nearbyint(f)); }  // (the default rounding: to nearest even)
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }  // (the GPU's is an approximation)

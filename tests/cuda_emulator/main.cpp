@@ -7,10 +7,11 @@
 //
 //   cuda_emulator sample LOGITS_FILE [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [--step S]
 //       [--history FILE] [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]
-//       [--penalty-last-n N] [--bias T:B,...] [--penalized OUT]
+//       [--penalty-last-n N] [--bias T:B,...] [--penalized OUT] [--narrow 1]
 //       the device sampler (sample.cu) over n_vocab float32 logits, after the penalize kernel where
 //       bias or penalties are on: prints the token. The history (int32) is the tokens at positions
-//       0 … H-1, the step's token last; --penalized writes the logits penalize made.
+//       0 … H-1, the step's token last; --penalized writes the logits penalize made. A draw over the
+//       whole vocabulary takes the runner's three kernels (--narrow 1: Sample's one block alone).
 //   cuda_emulator logits MODEL OUT --tokens 1,2,3 [--chunk 8] [--n-ctx 256] [--kv f16] [--dispatch recorded] [--decode-from K]
 //       every position's logits (n × n_vocab float32) from one eval_all; with --decode-from K the
 //       first K tokens are one eval and the rest one append each: rows for positions K-1 … n-1
@@ -38,6 +39,7 @@
 #include <iostream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -156,8 +158,15 @@ int cmd_sample(const std::string& logits_path, const Options& o) {
         if (o.count("penalized")) write_file(o.at("penalized"), penalized.data(), penalized.size() * sizeof(float));
     }
     cuda::SampleArgs a{l, n, &h.sampling, &h.step, scratch.data(), best, reinterpret_cast<unsigned*>(best + 1), &h.sampled};
-    run(cuda::sample(a));
+    auto wide = std::make_unique<cuda::WideState>();  // (zero)
+    if (cuda::wide_draw(p, n) && get("narrow", "0") == std::string("0")) a.wide = wide.get();
+    const cuda::SampleLaunches launches = cuda::sample(a);
+    for (int i = 0; i < launches.count; ++i) run(launches.launch[i]);
     if (best[0] != 0 || best[1] != 0) throw std::logic_error("the sampler left its merge words set");
+    const auto* bytes = reinterpret_cast<const unsigned char*>(wide.get());
+    if (std::any_of(bytes, bytes + offsetof(cuda::WideState, active), [](unsigned char b) { return b != 0; }) || wide->active != 0 ||
+        wide->done[0] != 0 || wide->done[1] != 0 || wide->n_cand != 0)
+        throw std::logic_error("the whole-vocabulary draw left its histograms or counters set");
     std::printf("%d\n", h.sampled);
     return 0;
 }

@@ -169,7 +169,7 @@ uint64_t simd_exchange(uint64_t bits, int op, uint32_t arg) {
         int32_t ir = 0;
         for (uint32_t t = s0; t < s0 + kSimd && t < g.threads; ++t) {
             const Lane& l = g.lanes[t];
-            if (!l.in_collective) continue;
+            if (!l.in_collective || (op == kSumIn && !(arg >> (t - s0) & 1))) continue;
             const float fv = f32(l.value);
             const uint32_t uv = static_cast<uint32_t>(l.value);
             const int32_t iv = static_cast<int32_t>(uv);
@@ -177,7 +177,8 @@ uint64_t simd_exchange(uint64_t bits, int op, uint32_t arg) {
                 case kSum: fr = first ? fv : fr + fv; break;
                 case kMax: fr = first ? fv : std::fmax(fr, fv); break;
                 case kMin: fr = first ? fv : std::fmin(fr, fv); break;
-                case kSumU: ur = first ? uv : ur + uv; break;
+                case kSumU:
+                case kSumIn: ur = first ? uv : ur + uv; break;
                 case kMaxU: ur = first ? uv : (uv > ur ? uv : ur); break;
                 case kMinU: ur = first ? uv : (uv < ur ? uv : ur); break;
                 case kSumI: ir = first ? iv : ir + iv; break;

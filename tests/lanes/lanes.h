@@ -26,10 +26,11 @@ void set_switch_hook(SwitchHook hook);
 void threadgroup_barrier();
 void simdgroup_barrier();
 // A collective over the live lanes of the caller's SIMD group (32 lanes), each giving `bits`:
-// reductions (kSum … kSumI, over 32-bit values), a lane's value (kXor: lane ^ arg; kBroadcast:
+// reductions (kSum … kSumI, over 32-bit values; kSumIn: unsigned, over the lanes in the mask
+// arg only), a lane's value (kXor: lane ^ arg; kBroadcast:
 // lane arg; kDown: lane + arg, or the caller's own past the group), and masks of lanes (kBallot:
 // those whose bits are not zero; kMatchAny: those whose bits equal the caller's).
-enum SimdOp { kSum, kMax, kMin, kXor, kBroadcast, kSumU, kMaxU, kMinU, kSumI, kDown, kBallot, kMatchAny };
+enum SimdOp { kSum, kMax, kMin, kXor, kBroadcast, kSumU, kMaxU, kMinU, kSumI, kDown, kBallot, kMatchAny, kSumIn };
 uint64_t simd_exchange(uint64_t bits, int op, uint32_t arg);
 
 }  // namespace er_emulator
