@@ -315,12 +315,14 @@ def test_cuda_dispatch_modes_give_identical_logits(tmp_path):
 
 
 # greedy; temperature alone (every token a candidate); top-k (the candidates sorted in shared
-# memory) with top-p and min-p, up to k = 1024; k = 1025 and top-p or min-p alone (the threshold
-# searches over the whole vocabulary); then bias and penalties (the penalize kernel before the
-# sampler, over the token history the embedding keeps on the device: the prompt's and the draws')
+# memory) with top-p and min-p, up to k = 1024; k = 1025 (the bisection in one block); top-p,
+# min-p, both, and top-k past the vocabulary (the whole-vocabulary kernels); then bias and
+# penalties (the penalize kernel before the sampler, over the token history the embedding keeps on
+# the device: the prompt's and the draws')
 SAMPLING = [dict(), dict(temperature=0.8), dict(temperature=0.8, top_k=40), dict(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05),
             dict(temperature=0.7, top_k=1024), dict(temperature=1.2, top_k=1025), dict(temperature=0.9, top_p=0.8),
-            dict(temperature=1.5, min_p=0.1), dict(repetition_penalty=1.5),
+            dict(temperature=1.5, min_p=0.1), dict(temperature=1.1, top_p=0.7, min_p=0.02), dict(temperature=0.6, top_k=6000, top_p=0.95),
+            dict(repetition_penalty=1.5),
             dict(temperature=0.9, top_k=40, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2, penalty_last_n=8),
             dict(temperature=0.8, frequency_penalty=0.5, penalty_last_n=-1, logit_bias={7: -np.inf, 100: 3.0, 5002: -1.5})]
 
@@ -343,6 +345,32 @@ def test_cuda_sampling_matches_the_cpu_sampler(tmp_path, params):
         token = s.append_sampled(token, sampler)
         want = sampler.sample(s.logits(), np.asarray(s.tokens, np.int32), len(s.tokens))
         assert token == want, f"draw {step}: device {token}, CPU {want}"
+
+
+@pytest.mark.parametrize("params", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.95), dict(temperature=1.3, top_p=0.9, min_p=0.01)],
+                         ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_cuda_whole_vocabulary_draw_matches_the_cpu_sampler_at_128k(tmp_path, params):
+    """The whole-vocabulary draw at Llama 3's vocabulary (128256 tokens: 32 blocks of SampleMass's
+    histograms merged by atomics, SampleWalk's candidates gathered from all of them): 32 draws
+    of a chained generation, each the CPU sampler's on that step's logits (a second session
+    stepped with the same tokens)."""
+    from edgerunner.model_builder import write_random_model
+
+    path = tmp_path / "m.gguf"
+    n = 128256
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=9, vocab_size=n)
+    model = _core.Model.load(str(path), backend="cuda")
+    ids = prompt(np.random.default_rng(6), 8)
+    s = _core.Session(model)
+    s.eval(ids)
+    drawn = s.generate(_core.Sampler(n, seed=23, **params), 32, [])
+    check = _core.Session(model)
+    check.eval(ids)
+    sampler = _core.Sampler(n, seed=23, **params)
+    for step, token in enumerate(drawn):
+        want = sampler.sample(check.logits(), np.asarray(check.tokens, np.int32), len(check.tokens))
+        assert token == want, f"draw {step}: device {token}, CPU {want}"
+        check.append(token)
 
 
 def test_cuda_greedy_ties_resolve_to_the_lowest_id_across_blocks(tmp_path):

@@ -24,7 +24,7 @@
 namespace edgerunner::cuda {
 namespace {
 
-constexpr int kThreads = 1024;
+constexpr int kThreads = 1024;  // every kernel's block (launch bounds: 64 registers a thread, or they would not launch)
 constexpr int kSlice = 16 * kThreads;  // a block's logits for the greedy token: four float4s a thread, loaded at once
 constexpr unsigned kFull = 0xFFFFFFFFu;  // (a warp)
 
@@ -93,6 +93,7 @@ __device__ __forceinline__ void for_each_logit(const float* __restrict__ l, int 
 
 struct Sample {
     using Args = SampleArgs;
+    static constexpr int kBlockThreads = kThreads, kMinBlocks = 1;
     static __device__ void run(const Args& a);
 };
 
@@ -513,6 +514,7 @@ __device__ Cut find_cut(const WideState& st, const MassUse& use, Pass pass) {
 
 struct SampleMass {
     using Args = SampleArgs;
+    static constexpr int kBlockThreads = kThreads, kMinBlocks = 1;
     static __device__ void run(const Args& a);
 };
 
@@ -595,6 +597,7 @@ __device__ void SampleMass::run(const SampleArgs& a) {
 
 struct SampleWalk {
     using Args = SampleArgs;
+    static constexpr int kBlockThreads = kThreads, kMinBlocks = 1;
     static __device__ void run(const Args& a);
 };
 
@@ -696,6 +699,7 @@ __device__ __forceinline__ int32_t first_at_least(const int32_t* tokens, int32_t
 
 struct Penalize {
     using Args = PenaltyArgs;
+    static constexpr int kBlockThreads = kThreads, kMinBlocks = 1;
     static __device__ void run(const Args& a);
 };
 
