@@ -49,11 +49,10 @@ def emulator(cpp_build) -> Path:
     return cpp_build / "tests" / "cpp" / "cuda_emulator"
 
 
-def draw(emulator, tmp_path, logits, params, *, history=None, step=0, penalized=None, narrow=False) -> int:
-    """The emulated kernels' token for `logits` (float32) with the CPU sampler's keyword params
-    (narrow: a whole-vocabulary draw in Sample's one block, not the runner's three kernels)."""
+def draw(emulator, tmp_path, logits, params, *, history=None, step=0, penalized=None) -> int:
+    """The emulated kernels' token for `logits` (float32) with the CPU sampler's keyword params."""
     logits.astype(np.float32).tofile(tmp_path / "l.bin")
-    flags = ["--step", step, "--narrow", int(narrow)]
+    flags = ["--step", step]
     for k, v in params.items():
         if k == "logit_bias":
             flags += ["--bias", ",".join(f"{t}:{b!r}" for t, b in v.items())]
@@ -87,9 +86,9 @@ def transform32(logits, history, *, logit_bias=None, repetition_penalty=1.0, pre
     return x
 
 
-# greedy; temperature alone; top-k of up to 1024 (sorted in shared memory) with top-p and min-p;
-# k = 1025 (bisection in one block); top-p, min-p, both, and a top-k past the vocabulary (the
-# whole-vocabulary kernels)
+# greedy; temperature alone; top-k of up to 1024 (counted into histograms, the candidates sorted)
+# with top-p and min-p; k = 1025 (bisection in one block); top-p, min-p, both, and a top-k past the
+# vocabulary (masses into histograms)
 SAMPLING = [dict(), dict(temperature=0.8), dict(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05), dict(temperature=0.7, top_k=1024),
             dict(temperature=1.2, top_k=1025), dict(temperature=0.9, top_p=0.8), dict(temperature=1.5, min_p=0.1),
             dict(temperature=1.1, top_p=0.7, min_p=0.02), dict(temperature=0.6, top_k=100000, top_p=0.95)]
@@ -114,9 +113,9 @@ def test_sampler_kernel_draws_as_the_cpu_sampler(emulator, tmp_path, params):
                 assert got == want, f"{params} n={n} hard={hard} seed={s} step={step} (test seed {seed}): kernel {got}, CPU {want}"
 
 
-# the cuts of these land inside groups of equal logits: top-p's and the draw's (the whole-vocabulary
-# kernels, whose candidates then overflow into the bisection), top-k's past 1024 (the bisection)
-# and within 1024 (the sorted walk)
+# the cuts of these land inside groups of equal logits: top-p's and the draw's (their candidates
+# then overflow into the bisection), top-k's past 1024 (the bisection) and within 1024 (more
+# candidates than a block sorts: the one-block radix search)
 TIES = [dict(temperature=1.0), dict(temperature=0.9, top_p=0.5), dict(temperature=1.2, top_p=0.9, min_p=0.5),
         dict(temperature=1.0, top_k=1500, top_p=0.8), dict(temperature=1.0, top_k=600)]
 
@@ -125,9 +124,8 @@ TIES = [dict(temperature=1.0), dict(temperature=0.9, top_p=0.5), dict(temperatur
 def test_sampler_kernel_walks_equal_logits_in_id_order(emulator, tmp_path, params):
     """Near-flat logits (every token weighs about the same) over 40000 tokens, 20% of them equal
     at the 99th percentile and 30% at the median: the contract walks equal logits in id order, so
-    a cut inside such a group takes its lowest ids first. Every draw equals the CPU sampler's,
-    through the runner's kernels and through Sample's one block, and the draws do land in the
-    groups (fixed seeds: which ones is part of the test)."""
+    a cut inside such a group takes its lowest ids first. Every draw equals the CPU sampler's, and
+    the draws do land in the groups (fixed seeds: which ones is part of the test)."""
     rng = np.random.default_rng(11)
     n = 40000
     l = rng.normal(0, 0.05, n).astype(np.float32)
@@ -138,10 +136,21 @@ def test_sampler_kernel_walks_equal_logits_in_id_order(emulator, tmp_path, param
     for s in range(1, 9):
         want = _core.Sampler(n, seed=s, **params).sample(l, [], s)
         in_groups += l[want] in groups
-        for narrow in (False, True):
-            got = draw(emulator, tmp_path, l, dict(params, seed=s), step=s, narrow=narrow)
-            assert got == want, f"{params} seed={s} narrow={narrow}: kernel {got}, CPU {want}"
+        got = draw(emulator, tmp_path, l, dict(params, seed=s), step=s)
+        assert got == want, f"{params} seed={s}: kernel {got}, CPU {want}"
     assert in_groups >= 2, f"{params}: only {in_groups} of 8 draws in a group of equal logits"
+
+
+def test_sampler_kernel_draws_minus_one_without_a_finite_logit(emulator, tmp_path):
+    """Every logit -inf or NaN (over one block and over three): the kernels give -1 (the runner
+    turns it into an error, as the CPU sampler raises one) for every setting, not a token."""
+    for n in (5003, 40000):
+        l = np.full(n, -np.inf, np.float32)
+        l[::3] = np.nan
+        for params in SAMPLING + [dict(temperature=1.0, top_k=40), dict(temperature=0.9, top_p=0.5, min_p=0.2)]:
+            with pytest.raises(ValueError):
+                _core.Sampler(n, seed=1, **params).sample(l, [], 0)
+            assert draw(emulator, tmp_path, l, dict(params, seed=1)) == -1, params
 
 
 def test_sampler_kernel_ties_go_to_the_lowest_id_across_blocks(emulator, tmp_path):
@@ -365,6 +374,29 @@ def test_emulated_cuda_generation_ends_as_asked(emulator, tmp_path, dispatch):
         assert stopped.tolist() == full[: list(full).index(full[5]) + 1].tolist()
         filled = generate(emulator, tmp_path, path, ids, "--steps", 20, "--n-ctx", len(ids) + 12, "--loop", loop, *common)
         assert filled.tolist() == full[:13].tolist()  # (12 appended, the 13th drawn from the full context's last logits)
+
+
+@pytest.mark.parametrize("dispatch", DISPATCH)
+def test_emulated_cuda_no_finite_logit_is_an_error_not_a_token(emulator, tmp_path, dispatch):
+    """A model whose output is broken (its final norm's weights NaN: every logit NaN): a draw on
+    the device, greedy or not, one step or chained (the steps after it read the drawn -1 as their
+    input: the embedding reads row 0 for a token outside the vocabulary), raises the runner's
+    error, as the CPU sampler raises one; the session then evaluates on."""
+    import gguf
+
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=2, vocab_size=5003)
+    r = gguf.GGUFReader(path, "r+")
+    next(t for t in r.tensors if t.name == "output_norm.weight").data[:] = np.nan
+    r.data.flush()
+    del r
+    for params in ([], ["--temperature", "0.8"], ["--temperature", "0.8", "--top-k", "40", "--top-p", "0.9"]):
+        r = subprocess.run([str(emulator), "broken", str(path), "--tokens", "1,2,3", "--dispatch", dispatch, *params],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.strip().splitlines()
+        assert lines[-1] == "ok", r.stdout
+        assert len(lines) == 3 and all(x.startswith("no finite logit to sample from") for x in lines[:2]), r.stdout
 
 
 def test_emulated_cuda_models_on_two_devices(emulator, tmp_path):

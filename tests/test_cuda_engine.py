@@ -373,6 +373,38 @@ def test_cuda_whole_vocabulary_draw_matches_the_cpu_sampler_at_128k(tmp_path, pa
         check.append(token)
 
 
+def test_cuda_no_finite_logit_is_an_error_not_a_token(tmp_path):
+    """A model whose output is broken (its final norm's weights NaN: every logit NaN): a draw on
+    the device raises, as the CPU sampler does, greedy or not, one step at a time or chained
+    (where the next step had already read the -1 as its input: the embedding reads row 0 for a
+    token outside the vocabulary, nothing out of bounds); the session then works on."""
+    import gguf
+
+    from edgerunner.model_builder import write_random_model
+
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=2, vocab_size=5003)
+    r = gguf.GGUFReader(path, "r+")
+    next(t for t in r.tensors if t.name == "output_norm.weight").data[:] = np.nan
+    r.data.flush()
+    del r
+    for dispatch in DISPATCH:
+        model = _core.Model.load(str(path), backend="cuda", dispatch=dispatch)
+        for params in (dict(), dict(temperature=0.8), dict(temperature=0.8, top_k=40, top_p=0.9)):
+            s = _core.Session(model)
+            ids = prompt(np.random.default_rng(1), 5)
+            s.eval(ids)
+            with pytest.raises(ValueError, match="no finite logit"):
+                s.append_sampled(7, _core.Sampler(5003, seed=1, **params))
+            with pytest.raises(ValueError, match="NaN"):  # (generate's first draw is the CPU sampler's)
+                s.generate(_core.Sampler(5003, seed=1, **params), 8, [])
+            with pytest.raises(ValueError, match="no finite logit"):
+                s.append_sampled(7, _core.Sampler(5003, seed=1, **params), 6)  # chained
+            more = np.append(ids, np.int32(4)).astype(np.int32)
+            s.eval(more)
+            assert list(s.tokens) == list(more) and np.isnan(s.logits()).all()
+
+
 def test_cuda_greedy_ties_resolve_to_the_lowest_id_across_blocks(tmp_path):
     """The greedy token is merged over blocks of 16384 logits: equal logits in different blocks
     go to the lowest id, as the CPU sampler's walk does. The LM head (Q8_0, 40000 rows, three

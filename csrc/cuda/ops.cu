@@ -35,6 +35,11 @@ __device__ __forceinline__ int tile_at(int i) { return i - i % 8 + ((i % 8) ^ (i
 __device__ __forceinline__ void keep_token(const EmbedArgs& a, int64_t t) {
     if (a.history && threadIdx.x == 0) a.history[*a.pos0 + t] = a.tokens[t];
 }
+// Token t's row of the table (row 0 for a token outside the vocabulary).
+__device__ __forceinline__ const uint8_t* embedding_row(const EmbedArgs& a, int64_t t) {
+    const int32_t id = a.tokens[t];
+    return a.w + static_cast<size_t>(id >= 0 && id < a.rows ? id : 0) * a.row_bytes;
+}
 
 template <TensorType T>
 struct Embed {
@@ -46,7 +51,7 @@ struct Embed {
         wait_inputs();
         const int64_t t = blockIdx.x;
         keep_token(a, t);
-        const uint8_t* row = a.w + static_cast<size_t>(a.tokens[t]) * a.row_bytes;
+        const uint8_t* row = embedding_row(a, t);
         float4* x = reinterpret_cast<float4*>(a.x + t * a.cols);
         const int n_units = static_cast<int>(a.cols / 32), me = threadIdx.x;
         for (int u0 = 0; u0 < n_units; u0 += kThreads) {
@@ -165,7 +170,7 @@ struct EmbedNorm {
         wait_inputs();
         const int64_t t = blockIdx.x;
         keep_token(a, t);
-        const uint8_t* row = a.w + static_cast<size_t>(a.tokens[t]) * a.row_bytes;
+        const uint8_t* row = embedding_row(a, t);
         float4* x = reinterpret_cast<float4*>(a.x + t * a.cols);
         const int me = threadIdx.x, unit = me / 8;  // (the pass's unit of this thread's float4)
 #pragma unroll

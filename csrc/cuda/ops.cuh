@@ -23,7 +23,8 @@ namespace edgerunner::cuda {
 struct EmbedArgs {
     const uint8_t* w;  // in the device layout (to_device_layout)
     size_t row_bytes;  // device_row_bytes
-    int64_t cols;
+    int64_t rows, cols;     // rows: the vocabulary (a token outside it reads row 0: a chained step's input
+                            // after a draw of -1, no finite logit, which the runner then reports)
     const int32_t* tokens;  // device: the step block's tokens
     int64_t n_tokens;
     float* x;

@@ -339,7 +339,7 @@ public:
             end(in);
         }
         ER_CUDA(cudaStreamSynchronize(stream_));
-        if (sampling) *in.sampled = host_block_->sampled;
+        if (sampling) *in.sampled = drawn(host_block_->sampled);
     }
 
     // Chained decode (recorded dispatch): kChain step blocks in a ring, each with its own graph
@@ -380,7 +380,7 @@ public:
         const int k = static_cast<int>(popped_ % kChain);
         ER_CUDA(cudaEventSynchronize(chain_done_[k]));
         ++popped_;
-        return chain_host_.get()[k].sampled;
+        return drawn(chain_host_.get()[k].sampled);
     }
 
     void chain_end() override {
@@ -405,11 +405,19 @@ private:
         }
     }
 
+    // A token the device drew, or the error where it found no finite logit (-1).
+    static int32_t drawn(int32_t token) {
+        if (token < 0)
+            throw std::invalid_argument("no finite logit to sample from: every logit is -inf or NaN after bias and penalties "
+                                        "(the model's output is broken, or the bias bans every token)");
+        return token;
+    }
+
     // Whether a sampled step with p runs penalize before the sampler (bias or penalties).
     static bool penalized(const SamplingParams& p) { return !p.logit_bias.empty() || penalties_on(p); }
-    // A sampled step's launches, by p: penalize before the sampler (1), the whole-vocabulary
-    // draw's two kernels after it (2), both, or neither.
-    int variant(const SamplingParams& p) const { return penalized(p) + 2 * wide_draw(p, static_cast<int32_t>(c_.n_vocab)); }
+    // A sampled step's launches, by p: penalize before the sampler (1), the draw's two kernels
+    // after it (2: a temperature), both, or neither.
+    static int variant(const SamplingParams& p) { return penalized(p) + 2 * wide_draw(p); }
 
     // p's header for the step block; with bias or penalties, their buffers made (the first time)
     // and the bias table brought up to date (when p's bias differs from the last one sent: a copy
@@ -584,7 +592,7 @@ private:
     std::unique_ptr<float, FreeHost> logits_;
     DevicePtr<double> sample_scratch_;  // the sampler's weights, n_vocab
     DevicePtr<unsigned long long> sample_best_;  // the sampler's blocks' merged best, then their count
-    DevicePtr<WideState> sample_wide_;           // the whole-vocabulary draw's histograms and counters
+    DevicePtr<WideState> sample_wide_;           // the draw's histograms and counters
     // bias and penalties (made at the first step that has them): the logits after them, the
     // window's counts (zero between steps), the bias table (merged_bias: tokens rising) and the
     // bias last sent to it, as given, and as sent
@@ -862,7 +870,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
         const int64_t first = op.tail && !in.logits_out ? n - 1 : 0;
         switch (s.kind) {
             case Step::Embed: {
-                EmbedArgs e{(*w_)(op.weight), s.row_bytes, op.weight->cols, b->tokens, n, row(Buf::X, 0), op.scale};
+                EmbedArgs e{(*w_)(op.weight), s.row_bytes, op.weight->rows, op.weight->cols, b->tokens, n, row(Buf::X, 0), op.scale};
                 e.history = kv_->history.get();
                 e.pos0 = &b->pos0;
                 if (n == 1 && k + 1 < steps_.size() && steps_[k + 1].by_embed) {  // with the norm's int8 copy
@@ -947,7 +955,7 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
         SampleArgs a{logits, static_cast<int32_t>(c_.n_vocab), &b->sampling, &b->sample_step, sample_scratch_.get(),
                      sample_best_.get(), reinterpret_cast<unsigned*>(sample_best_.get() + 1), drawn ? drawn : &b->sampled};
         a.out_host = drawn != nullptr;
-        if (wide_draw(*in.sample, static_cast<int32_t>(c_.n_vocab))) a.wide = sample_wide_.get();
+        if (wide_draw(*in.sample)) a.wide = sample_wide_.get();
         if (next) {
             a.next = next->tokens;
             a.pos0 = &b->pos0;

@@ -1,21 +1,24 @@
 // Sampling at the end of a step, in two parts. First the greedy token (the max logit, lowest id
 // on ties): a grid of blocks, each over its slice of kSlice logits, merges its best into one
 // 64-bit word (logit key << 32 | ~id, -0 as +0: an atomicMax orders by logit, then by lowest
-// id), and the last block to finish (a counter) takes the merged best and resets both. Then the
-// draw, when the temperature asks for one. Instead of sorting, every cut of the contract is a
-// threshold on the logit: "the tokens at or above logit θ" is a prefix of the contract's order
-// (logit descending), so top-k, top-p and the draw each become a search for the θ at which a
-// count or a sum over {l ≥ θ} crosses its target.
-//  - top-k of up to 1024 (the common case), in Sample's last block: the k best are found (a
-//    radix search of the counts) and sorted, and the walk is the CPU's (sample_top_k).
-//  - The whole vocabulary (no top-k), over the GPU: SampleMass gives every token its softmax
-//    weight and sums them, in fixed point, into histograms by the top 16 bits of the logit's key;
-//    its last block finds the buckets where top-p's and the draw's cuts fall; SampleWalk collects
-//    the tokens of those buckets, and its last block sorts them and walks them exactly.
-//  - Otherwise (top-k over 1024; more than 1024 tokens in those buckets, as with many equal
-//    logits) one block bisects: 32 block-wide reductions over the 2^32 ordered keys for each cut
-//    (draw_by_bisection).
-// Ties between equal logits resolve to the lowest id (the contract walks them in id order).
+// id), and the last block to finish (a counter) takes the merged best and resets both (-1 where
+// no logit is finite: the runner reports it). Then the draw, when the temperature asks for one.
+// Instead of sorting the vocabulary, every cut of the contract is a threshold: "the tokens at or
+// above logit θ" is a prefix of the contract's order (logit descending, then id ascending), so
+// top-k, top-p and the draw each become a search for where a count or a sum over that prefix
+// crosses its target, in two more kernels that spread the search over the GPU:
+//  - SampleMass sums every token into histograms by the top 16 bits of its logit's key: with
+//    top-k (up to 1024) token counts; else its softmax weight in fixed point (every token's, and
+//    min-p's kept ones'). Its last block finds the buckets the cuts fall in.
+//  - SampleWalk collects the tokens of those buckets (with top-k: every token from top-k's bucket
+//    up), and its last block sorts them (at most 1024) and walks them: top-k's walk is the CPU's,
+//    sum for sum (walk_top_k); without top-k, top-p's and the draw's ends come from block-wide
+//    prefix sums of the fixed-point masses (walk_cuts).
+//  - Otherwise (top-k over 1024; more candidates than a block sorts, as with many equal logits)
+//    SampleWalk's last block searches alone: top-k by a radix search of the counts
+//    (sample_top_k), else each cut by bisection over the logit keys and, among tokens tied at the
+//    key found, by rank in id order (draw_by_bisection).
+// Equal logits are walked in id order, as the CPU sampler walks them.
 #include <cfloat>
 
 #include "check.cuh"
@@ -286,20 +289,55 @@ __device__ int32_t draw_by_bisection(const float* __restrict__ l, int32_t n, con
     return order_id(cut_by_bisection(l, n, floor, kept, [&](unsigned long long c) { return c > target; }));
 }
 
-// top-k with k <= kMaxCandidates: the CPU sampler's walk over its k best tokens, in its order.
-// The k-th largest key θ comes from a radix search (four passes of 8 bits, integer histograms:
-// exact), the tokens at or above θ are sorted in shared memory (logit descending, id ascending:
-// a bitonic sort of key << 32 | ~id), and one thread walks the first k as the CPU does (softmax
-// weights, top-p prefix, min-p suffix, the draw), summing in that order. Returns the token, or -1
-// when ties at θ make more candidates than fit (the caller then takes the general path).
-constexpr int kMaxCandidates = 1024;
+constexpr int kMaxCandidates = 1024;  // the tokens a block sorts
+
+// The CPU sampler's walk over the k best tokens, cand[0, k) in the contract's order (k = p.top_k
+// <= kMaxCandidates): softmax weights, top-p prefix, min-p suffix, the draw, summed in its order
+// by one thread (thread 0's answer).
+__device__ int32_t walk_top_k(const float* __restrict__ l, const unsigned long long* cand, const DeviceSampling& p, double u, float mx) {
+    __shared__ double wk[kMaxCandidates];
+    const int k = p.top_k;
+    if (static_cast<int>(threadIdx.x) < k) wk[threadIdx.x] = weight(l[order_id(cand[threadIdx.x])], mx, p.temperature);
+    __syncthreads();
+    if (threadIdx.x != 0) return 0;
+    double z = 0.0;
+    for (int i = 0; i < k; ++i) z += wk[i];
+    int kept = k;
+    if (p.top_p < 1.0f) {
+        const double target = p.top_p * z;
+        double cum = 0.0;
+        for (int i = 0; i < k; ++i)
+            if ((cum += wk[i]) >= target) {
+                kept = i + 1;
+                break;
+            }
+    }
+    const double min_w = p.min_p;
+    int m = 0;  // w is non-increasing: min-p and w == 0 cut a suffix
+    double s = 0.0;
+    while (m < kept && wk[m] >= min_w && wk[m] > 0.0) s += wk[m++];
+    const double target = u * s;
+    double cum = 0.0;
+    int pick = m - 1;
+    for (int i = 0; i < m; ++i)
+        if ((cum += wk[i]) > target) {
+            pick = i;
+            break;
+        }
+    return order_id(cand[pick]);
+}
+
+// top-k with k <= kMaxCandidates in one block: the k-th largest key θ comes from a radix search
+// (four passes of 8 bits, integer histograms: exact), the tokens at or above θ are sorted in
+// shared memory (logit descending, id ascending: a bitonic sort of key << 32 | ~id), and the
+// first k walked as the CPU walks them (walk_top_k). Returns the token, or -1 when ties at θ make
+// more candidates than fit (the caller then takes the general path).
 
 __device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const DeviceSampling& p, double u, float mx) {
     __shared__ int hist[256];
     __shared__ uint32_t s_prefix;
     __shared__ int s_above, n_cand;
     __shared__ unsigned long long cand[kMaxCandidates];
-    __shared__ double wk[kMaxCandidates];
     const int k = p.top_k, lane = threadIdx.x % 32;
     uint32_t prefix = 0;
     int above = 0;  // tokens whose key is above the range the prefix leaves
@@ -344,36 +382,7 @@ __device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const De
         if (valid && key(v) >= prefix) cand[atomicAdd(&n_cand, 1)] = order_key(key(v), i);
     });
     sort_descending(cand, count);
-    if (static_cast<int>(threadIdx.x) < k) {
-        wk[threadIdx.x] = weight(l[order_id(cand[threadIdx.x])], mx, p.temperature);
-    }
-    __syncthreads();
-    if (threadIdx.x != 0) return 0;
-    double z = 0.0;
-    for (int i = 0; i < k; ++i) z += wk[i];
-    int kept = k;
-    if (p.top_p < 1.0f) {
-        const double target = p.top_p * z;
-        double cum = 0.0;
-        for (int i = 0; i < k; ++i)
-            if ((cum += wk[i]) >= target) {
-                kept = i + 1;
-                break;
-            }
-    }
-    const double min_w = p.min_p;
-    int m = 0;  // w is non-increasing: min-p and w == 0 cut a suffix
-    double s = 0.0;
-    while (m < kept && wk[m] >= min_w && wk[m] > 0.0) s += wk[m++];
-    const double target = u * s;
-    double cum = 0.0;
-    int pick = m - 1;
-    for (int i = 0; i < m; ++i)
-        if ((cum += wk[i]) > target) {
-            pick = i;
-            break;
-        }
-    return order_id(cand[pick]);
+    return walk_top_k(l, cand, p, u, mx);
 }
 
 __device__ void Sample::run(const SampleArgs& a) {
@@ -433,41 +442,33 @@ __device__ void Sample::run(const SampleArgs& a) {
     __syncthreads();
     if (!last) return;
     mx = fsh[0];
-    const int top = best_id;
+    const int top = best_id < n ? best_id : -1;  // (-1: no logit above -FLT_MAX, every one -inf or NaN)
     if (a.next_pos0 && threadIdx.x == 0) {
         *a.next_pos0 = pos0 + 1;
         *a.next_step = step + 1;
         *a.next_params = p;
     }
-    if (p.temperature <= 0.0f) {
-        if (threadIdx.x == 0) emit(a, top);
+    if (threadIdx.x != 0) return;
+    if (p.temperature > 0.0f && a.wide && top >= 0) {  // SampleMass and SampleWalk draw
+        a.wide->mx = mx, a.wide->top = top, a.wide->active = 1;
         return;
     }
-    const bool top_k = p.top_k > 0 && p.top_k < n;
-    if (a.wide && !top_k && top < n && mx <= FLT_MAX) {  // SampleMass and SampleWalk draw (a finite largest logit)
-        if (threadIdx.x == 0) a.wide->mx = mx, a.wide->top = top, a.wide->active = 1;
-        return;
-    }
-    const uint32_t u_bits = uniform_bits(p.seed, step);
-    if (top_k && p.top_k <= kMaxCandidates) {
-        const int32_t token = sample_top_k(l, n, p, u_bits * 0x1.0p-24, mx);  // (thread 0's answer)
-        if (token >= 0) {  // (uniform: every thread returns -1 or none does)
-            if (threadIdx.x == 0) emit(a, token);
-            return;
-        }
-    }
-    const int32_t token = draw_by_bisection(l, n, p, u_bits, mx, top, reinterpret_cast<unsigned long long*>(a.scratch));
-    if (threadIdx.x == 0) emit(a, token);
+    emit(a, top);  // (the runner passes a WideState for every step whose parameters draw)
 }
 
-// ---- the whole-vocabulary draw: SampleMass, then SampleWalk ----------------------------------
+// ---- the draw over the GPU: SampleMass, then SampleWalk ---------------------------------------
 constexpr int kSpan = kThreads * 4;  // their tokens a block: a float4 a thread
 
-// Which masses a step's cuts use: every token's (top-p), the kept tokens' (the draw; the same as
-// every token's where min-p is off: tokens with w = 0 weigh 0).
+// What the histograms hold for a step: with top-k, token counts (histogram 0); else masses, every
+// token's (0: top-p's) and the kept tokens' (1: the draw's; histogram 0 serves where min-p is off,
+// as tokens with w = 0 weigh 0). top_k > kMaxCandidates: nothing (the last block bisects).
 struct MassUse {
-    bool all, kept;
-    __device__ explicit MassUse(const DeviceSampling& p) : all(p.top_p < 1.0f || p.min_p <= 0.0f), kept(p.min_p > 0.0f) {}
+    bool top_k, counts, all, kept;
+    __device__ MassUse(const DeviceSampling& p, int32_t n)
+        : top_k(p.top_k > 0 && p.top_k < n),
+          counts(top_k && p.top_k <= kMaxCandidates),
+          all(counts || (!top_k && (p.top_p < 1.0f || p.min_p <= 0.0f))),
+          kept(!top_k && p.min_p > 0.0f) {}
     __device__ int kept_index() const { return kept ? 1 : 0; }
 };
 
@@ -518,11 +519,12 @@ struct SampleMass {
     static __device__ void run(const Args& a);
 };
 
-// Every token's mass into the histograms (fine: global atomics; coarse: the block's, warp by
-// warp, then global), then in the last block the buckets of the cuts: top-p's (its target
-// top_p · Z, Z the mass of every token) and the draw's (U · S / 2^24, S the kept mass: exact
-// without top-p; with it, S is known only to lie between the kept mass above top-p's bucket and
-// that plus the bucket's, so the draw's cut is given as the range of buckets those two bound).
+// Every token into the histograms, its mass or (top-k) a count of 1 (fine: global atomics;
+// coarse: the block's, warp by warp, then global), then in the last block the buckets of the
+// cuts: top-k's (where the count reaches k), or top-p's (its target top_p · Z, Z the mass of
+// every token) and the draw's (U · S / 2^24, S the kept mass: exact without top-p; with it, S is
+// known only to lie between the kept mass above top-p's bucket and that plus the bucket's, so
+// the draw's cut is given as the range of buckets those two bound).
 __device__ void SampleMass::run(const SampleArgs& a) {
     allow_next();
     const DeviceSampling p = *a.params;
@@ -533,7 +535,8 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     const int32_t n = a.n_vocab, from = static_cast<int32_t>(blockIdx.x) * kSpan;
     const float mx = st.mx;
     const double scale = mass_scale(n), t = p.temperature, min_w = p.min_p;
-    const MassUse use(p);
+    const MassUse use(p, n);
+    if (use.top_k && !use.counts) return;
     const int lane = static_cast<int>(threadIdx.x % 32);
     __shared__ unsigned long long coarse[2][256];
     __shared__ bool last;
@@ -541,8 +544,8 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     __syncthreads();
     for_each_logit<1>(a.logits + from, min(kSpan, n - from), [&](float v, int, bool valid) {
         const uint32_t k = key(v);
-        const double w = valid ? weight(v, mx, t) : 0.0;
-        const unsigned long long q = fixed_mass(w, scale), q_kept = w >= min_w ? q : 0;
+        const double w = valid && !use.counts ? weight(v, mx, t) : 0.0;
+        const unsigned long long q = use.counts ? valid : fixed_mass(w, scale), q_kept = w >= min_w ? q : 0;
         if (q != 0 && use.all) atomicAdd(&st.fine[0][k >> 16], q);
         if (q_kept != 0 && use.kept) atomicAdd(&st.fine[1][k >> 16], q_kept);
         // coarse: the warp's lanes of one bucket summed first
@@ -566,6 +569,12 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     for (int b = lane; b < 256; b += 32) total = total + Mass{__ldcg(&st.coarse[0][b]), __ldcg(&st.coarse[use.kept_index()][b])};
     for (int o = 16; o > 0; o /= 2)
         total = total + Mass{__shfl_xor_sync(kFull, total.all, o), __shfl_xor_sync(kFull, total.kept, o)};
+    if (use.counts) {  // top-k: the first bucket where the count walked reaches k; every token from it up
+        const Cut c = find_cut(st, use, [&](const Mass& m) { return m.all >= static_cast<unsigned long long>(p.top_k); });
+        if (lane == 0) st.cut_p = -1, st.draw_hi = c.bucket >= 0 ? 65535 : -1, st.draw_lo = c.bucket, st.done[0] = 0;
+        for (int i = lane; i < 256; i += 32) st.coarse[0][i] = 0;
+        return;
+    }
     const uint32_t u_bits = uniform_bits(p.seed, step);
     int32_t cut_p = -1;
     unsigned long long need = 0, s_lo = total.kept, s_hi = total.kept;
@@ -601,12 +610,41 @@ struct SampleWalk {
     static __device__ void run(const Args& a);
 };
 
+// SampleWalk's last block, without top-k: the sorted candidates (count of them, at most one a
+// thread) walked with block-wide prefix sums; -1 (every thread) where a cut is not among them.
+__device__ int32_t walk_cuts(const float* __restrict__ l, int32_t n, const unsigned long long* sorted, int count, const WideState& st,
+                             const DeviceSampling& p, uint32_t u_bits, float mx) {
+    __shared__ unsigned long long sums[kThreads / 32], s_total;
+    __shared__ int first_at;
+    const int i = static_cast<int>(threadIdx.x);
+    const bool valid = i < count;
+    const unsigned long long o = valid ? sorted[i] : 0;
+    const int32_t f = static_cast<int32_t>(o >> 48);
+    const double w = valid ? weight(l[order_id(o)], mx, p.temperature) : 0.0;
+    const unsigned long long q = fixed_mass(w, mass_scale(n));
+    const bool kept = w >= p.min_p && w > 0.0;
+    unsigned long long theta = 0, s = st.kept_total;
+    if (st.cut_p >= 0) {  // top-p's end: the first of its bucket whose mass walked reaches need
+        const bool in = valid && f == st.cut_p;
+        const unsigned long long c = st.all_above_p + block_scan(in ? q : 0, sums);
+        const int end = block_first(in && c >= st.need, &first_at);
+        if (end >= count) return -1;
+        theta = sorted[end];
+        s = st.kept_above_p + block_scan(in && o >= theta && kept ? q : 0, sums);
+        if (i == kThreads - 1) s_total = s;  // (the last thread's: the whole block's)
+        __syncthreads();
+        s = s_total;
+    }
+    const bool in = valid && f >= st.draw_lo && f <= st.draw_hi && kept && o >= theta;
+    const unsigned long long c = st.kept_above_d + block_scan(in ? q : 0, sums);
+    const int at = block_first(in && c > draw_target(u_bits, s), &first_at);
+    return at < count ? order_id(sorted[at]) : -1;
+}
+
 // The tokens of the cuts' buckets collected (their order keys, into the scratch; each token's
-// buckets zeroed on the way, for the next step), then in the last block sorted and walked: the
-// top-p prefix ends at the first candidate of its bucket whose cumulative mass reaches `need`,
-// which gives S exactly; the draw is the first kept candidate of its buckets at or above that
-// end whose cumulative kept mass exceeds U · S / 2^24. More candidates than one block sorts
-// (many equal logits): draw_by_bisection.
+// buckets zeroed on the way, for the next step), then in the last block sorted and walked
+// (walk_top_k, walk_cuts). More candidates than one block sorts (many equal logits), or top-k
+// over 1024: sample_top_k, draw_by_bisection.
 __device__ void SampleWalk::run(const SampleArgs& a) {
     allow_next();
     const DeviceSampling p = *a.params;
@@ -615,13 +653,14 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     WideState& st = *a.wide;
     if (!st.active) return;
     const int32_t n = a.n_vocab, from = static_cast<int32_t>(blockIdx.x) * kSpan;
-    const int32_t cut_p = st.cut_p, hi = st.draw_hi, lo = st.draw_lo;
-    const MassUse use(p);
+    const MassUse use(p, n);
+    const bool bisect = use.top_k && !use.counts;  // (SampleMass left no plan)
+    const int32_t cut_p = st.cut_p, hi = bisect ? -1 : st.draw_hi, lo = st.draw_lo;
     unsigned long long* cand = reinterpret_cast<unsigned long long*>(a.scratch);
     __shared__ bool last;
     __shared__ unsigned n_cand;
     for_each_logit<1>(a.logits + from, min(kSpan, n - from), [&](float v, int i, bool valid) {
-        if (!valid) return;
+        if (!valid || bisect) return;
         const uint32_t k = key(v);
         const int32_t f = static_cast<int32_t>(k >> 16);
         if (use.all) st.fine[0][f] = 0;
@@ -645,36 +684,13 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     const int count = static_cast<int>(n_cand);
     int32_t token = -1;
     __shared__ unsigned long long sorted[kMaxCandidates];
-    __shared__ unsigned long long sums[kThreads / 32], s_total;
-    __shared__ int first_at;
     if (count <= kMaxCandidates && hi >= 0) {
-        const int i = static_cast<int>(threadIdx.x);
-        if (i < count) sorted[i] = __ldcg(cand + i);
+        if (static_cast<int>(threadIdx.x) < count) sorted[threadIdx.x] = __ldcg(cand + threadIdx.x);
         sort_descending(sorted, count);
-        const bool valid = i < count;
-        const unsigned long long o = valid ? sorted[i] : 0;
-        const int32_t f = static_cast<int32_t>(o >> 48);
-        const double w = valid ? weight(a.logits[order_id(o)], mx, p.temperature) : 0.0;
-        const unsigned long long q = fixed_mass(w, mass_scale(n));
-        const bool kept = w >= p.min_p && w > 0.0;
-        unsigned long long theta = 0, s = st.kept_total;
-        bool found = true;
-        if (cut_p >= 0) {  // top-p's end: the first of its bucket whose mass walked reaches need
-            const bool in = valid && f == cut_p;
-            const unsigned long long c = st.all_above_p + block_scan(in ? q : 0, sums);
-            const int end = block_first(in && c >= st.need, &first_at);
-            found = end < count;
-            theta = found ? sorted[end] : 0;
-            s = st.kept_above_p + block_scan(in && o >= theta && kept ? q : 0, sums);
-            if (i == kThreads - 1) s_total = s;  // (the last thread's: the whole block's)
-            __syncthreads();
-            s = s_total;
-        }
-        const bool in = valid && f >= lo && f <= hi && kept && o >= theta;
-        const unsigned long long c = st.kept_above_d + block_scan(in ? q : 0, sums);
-        const int at = block_first(in && c > draw_target(u_bits, s), &first_at);
-        if (found && at < count) token = order_id(sorted[at]);
+        token = use.top_k ? walk_top_k(a.logits, sorted, p, u_bits * 0x1.0p-24, mx)  // (at least k: every token from its bucket up)
+                          : walk_cuts(a.logits, n, sorted, count, st, p, u_bits, mx);
     }
+    if (token < 0 && use.counts) token = sample_top_k(a.logits, n, p, u_bits * 0x1.0p-24, mx);
     if (token < 0) token = draw_by_bisection(a.logits, n, p, u_bits, mx, top, cand);
     if (threadIdx.x == 0) {
         st.active = 0;
@@ -756,7 +772,7 @@ Launch penalize(const PenaltyArgs& a) {
     return make_launch<Penalize>(dim3(static_cast<unsigned>((a.n_vocab + kSlice - 1) / kSlice)), dim3(kThreads), a);
 }
 
-bool wide_draw(const SamplingParams& p, int32_t n_vocab) { return p.temperature > 0.0f && (p.top_k <= 0 || p.top_k >= n_vocab); }
+bool wide_draw(const SamplingParams& p) { return p.temperature > 0.0f; }
 
 SampleLaunches sample(const SampleArgs& a) {
     const int blocks = (a.n_vocab + kSlice - 1) / kSlice;

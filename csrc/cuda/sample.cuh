@@ -4,8 +4,8 @@
 // tokens ordered by logit). Only the 4-byte token comes back. Bias and penalties are a kernel of
 // their own (penalize) that writes the adjusted logits for the sampler to read, from the token
 // history the embedding keeps on the device (EmbedArgs::history) and the runner's bias table.
-// A draw over the whole vocabulary (a temperature without top-k) takes two more kernels that
-// spread its softmax over the GPU (WideState, sample.cu).
+// A draw (a temperature) takes two more kernels that spread its search over the GPU (WideState,
+// sample.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -57,11 +57,11 @@ struct PenaltyArgs {
 };
 Launch penalize(const PenaltyArgs& a);
 
-// The whole-vocabulary draw's device memory: zero at load, and each step leaves it zero. The
-// fixed-point mass of the tokens (sample.cu: their softmax weights in units of 2^-46 or finer,
-// integers, so sums are the same bits in any order) by the top 16 bits of their order key (fine)
-// and by the top 8 (coarse), of every token (0) and of those min-p keeps (1); what the sampler's
-// three kernels pass on; their counters.
+// The draw's device memory: zero at load, and each step leaves it zero. Histograms by the top 16
+// bits of the tokens' logit keys (fine) and by the top 8 (coarse): with top-k, token counts (0);
+// else fixed-point masses (sample.cu: softmax weights in units of 2^-46 or finer, integers, so
+// sums are the same bits in any order) of every token (0) and of those min-p keeps (1). Then what
+// the sampler's three kernels pass on, and their counters.
 struct WideState {
     unsigned long long fine[2][65536];
     unsigned long long coarse[2][256];
@@ -71,16 +71,17 @@ struct WideState {
     int32_t top;     // its lowest id
     // SampleMass → SampleWalk: the fine buckets the cuts fall in, the masses above them
     int32_t cut_p;                 // top-p's (-1: top-p off)
-    int32_t draw_hi, draw_lo;      // the draw's cut falls in one of [draw_lo, draw_hi] (-1: not found)
+    int32_t draw_hi, draw_lo;      // the draw's cut falls in one of [draw_lo, draw_hi] (-1: not found; with
+                                   // top-k: from top-k's bucket up)
     unsigned long long need;       // top-p: the mass its prefix reaches
     unsigned long long all_above_p, kept_above_p, kept_above_d;
     unsigned long long kept_total;  // the mass the draw is over (without top-p)
     unsigned done[2];               // SampleMass's, SampleWalk's blocks finished
     unsigned n_cand;                // SampleWalk's candidates collected
 };
-// Whether a step with p draws over the whole vocabulary (a temperature, top-k off): the runner
-// then passes a WideState.
-bool wide_draw(const SamplingParams& p, int32_t n_vocab);
+// Whether a step with p draws (a temperature) in the sampler's two more kernels: the runner then
+// passes a WideState.
+bool wide_draw(const SamplingParams& p);
 
 struct SampleArgs {
     const float* logits;           // n_vocab floats
@@ -90,7 +91,7 @@ struct SampleArgs {
     double* scratch;               // n_vocab doubles (or 8-byte words)
     unsigned long long* best;      // device, zero: the blocks' merged best (one word)
     unsigned* done;                // device, zero: the blocks that have merged theirs (both reset by the last)
-    int32_t* out;                  // the drawn token (device memory, or pinned host memory: out_host)
+    int32_t* out;                  // the drawn token, -1 where no logit is finite (device memory, or pinned host memory: out_host)
     int32_t* next = nullptr;       // or null: also written here (the next chained step's input token)
     // with next: the next chained step's header, written here from this step's (its position one
     // on, the RNG counter one on, the same parameters), so the host copies no header in between
@@ -99,10 +100,10 @@ struct SampleArgs {
     uint64_t* next_step = nullptr;
     DeviceSampling* next_params = nullptr;
     bool out_host = false;  // out is pinned host memory (fenced for the host to read after the step)
-    WideState* wide = nullptr;  // device, or null: a whole-vocabulary draw stays in Sample's one block
+    WideState* wide = nullptr;  // device: for every step whose parameters draw (a temperature); null: greedy only
 };
-// The sampler's launches: Sample (the greedy token; top-k's draw), and with a.wide SampleMass and
-// SampleWalk (the whole-vocabulary draw; they return at once where the step's is not one).
+// The sampler's launches: Sample (the greedy token), and with a.wide SampleMass and SampleWalk
+// (the draw; they return at once where the step draws none).
 struct SampleLaunches {
     Launch launch[3];
     int count = 0;

@@ -7,11 +7,11 @@
 //
 //   cuda_emulator sample LOGITS_FILE [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [--step S]
 //       [--history FILE] [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]
-//       [--penalty-last-n N] [--bias T:B,...] [--penalized OUT] [--narrow 1]
+//       [--penalty-last-n N] [--bias T:B,...] [--penalized OUT]
 //       the device sampler (sample.cu) over n_vocab float32 logits, after the penalize kernel where
 //       bias or penalties are on: prints the token. The history (int32) is the tokens at positions
-//       0 … H-1, the step's token last; --penalized writes the logits penalize made. A draw over the
-//       whole vocabulary takes the runner's three kernels (--narrow 1: Sample's one block alone).
+//       0 … H-1, the step's token last; --penalized writes the logits penalize made. A draw (a
+//       temperature) takes the sampler's three kernels, as the runner's steps do; -1: no finite logit.
 //   cuda_emulator logits MODEL OUT --tokens 1,2,3 [--chunk 8] [--n-ctx 256] [--kv f16] [--dispatch recorded] [--decode-from K]
 //       every position's logits (n × n_vocab float32) from one eval_all; with --decode-from K the
 //       first K tokens are one eval and the rest one append each: rows for positions K-1 … n-1
@@ -32,7 +32,12 @@
 //       the session's cache and last logits against that session's (bit for bit); with --bias2, a
 //       second generation on the same sessions with that bias and seed: writes the tokens (int32),
 //       prints "ok" or what differs
+//   cuda_emulator broken MODEL --tokens ... [--dispatch D] [sampling options]
+//       a model whose logits are all NaN or -inf: a draw on the device, one step and chained (where
+//       the steps after it read the drawn -1 as their input), raises the runner's error, printed;
+//       then the session evaluates on: prints "ok", or what is not so
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -159,14 +164,14 @@ int cmd_sample(const std::string& logits_path, const Options& o) {
     }
     cuda::SampleArgs a{l, n, &h.sampling, &h.step, scratch.data(), best, reinterpret_cast<unsigned*>(best + 1), &h.sampled};
     auto wide = std::make_unique<cuda::WideState>();  // (zero)
-    if (cuda::wide_draw(p, n) && get("narrow", "0") == std::string("0")) a.wide = wide.get();
+    if (cuda::wide_draw(p)) a.wide = wide.get();
     const cuda::SampleLaunches launches = cuda::sample(a);
     for (int i = 0; i < launches.count; ++i) run(launches.launch[i]);
     if (best[0] != 0 || best[1] != 0) throw std::logic_error("the sampler left its merge words set");
     const auto* bytes = reinterpret_cast<const unsigned char*>(wide.get());
     if (std::any_of(bytes, bytes + offsetof(cuda::WideState, active), [](unsigned char b) { return b != 0; }) || wide->active != 0 ||
         wide->done[0] != 0 || wide->done[1] != 0 || wide->n_cand != 0)
-        throw std::logic_error("the whole-vocabulary draw left its histograms or counters set");
+        throw std::logic_error("the draw's kernels left their histograms or counters set");
     std::printf("%d\n", h.sampled);
     return 0;
 }
@@ -347,6 +352,29 @@ int cmd_devices(const std::string& path, const Options& o) {
     std::printf("ok\n");
     return 0;
 }
+
+int cmd_broken(const std::string& path, const Options& o) {
+    const std::vector<int32_t> ids = parse_tokens(get(o, "tokens", ""));
+    CHECK(ids.size() >= 2, "two tokens or more");
+    const auto m = load(path, o, "recorded");
+    Sampler sampler(m->config().n_vocab, sampling(o));
+    Session s(m);
+    s.eval(ids.data(), ids.size());
+    for (const int64_t ahead : {0, 6}) {
+        try {
+            const int32_t t = s.append_sampled(7, sampler, ahead);
+            CHECK(false, "a draw without a finite logit gave token %d (ahead %lld)", t, static_cast<long long>(ahead));
+        } catch (const std::invalid_argument& e) {
+            std::printf("%s\n", e.what());
+        }
+    }
+    std::vector<int32_t> more(ids);
+    more.push_back(4);
+    s.eval(more.data(), more.size());
+    CHECK(s.tokens() == more && std::isnan(s.logits()[0]), "the session evaluates on (%zu tokens)", s.tokens().size());
+    std::printf("ok\n");
+    return 0;
+}
 #undef CHECK
 
 }  // namespace
@@ -355,9 +383,9 @@ int main(int argc, char** argv) {
     try {
         const std::string cmd = argc > 1 ? argv[1] : "";
         if (cmd == "matmul" && argc == 9) return cmd_matmul(argv + 2);
-        const int positional = cmd == "sample" || cmd == "devices" ? 1 : 2;
-        if ((cmd != "sample" && cmd != "logits" && cmd != "generate" && cmd != "devices") || argc < 2 + positional) {
-            std::fprintf(stderr, "usage: cuda_emulator sample|logits|matmul|generate|devices ... (see main.cpp)\n");
+        const int positional = cmd == "sample" || cmd == "devices" || cmd == "broken" ? 1 : 2;
+        if ((cmd != "sample" && cmd != "logits" && cmd != "generate" && cmd != "devices" && cmd != "broken") || argc < 2 + positional) {
+            std::fprintf(stderr, "usage: cuda_emulator sample|logits|matmul|generate|devices|broken ... (see main.cpp)\n");
             return 2;
         }
         Options options;
@@ -368,6 +396,7 @@ int main(int argc, char** argv) {
         }
         if (cmd == "sample") return cmd_sample(argv[2], options);
         if (cmd == "devices") return cmd_devices(argv[2], options);
+        if (cmd == "broken") return cmd_broken(argv[2], options);
         if (cmd == "logits") return cmd_logits(argv[2], argv[3], options);
         return cmd_generate(argv[2], argv[3], options);
     } catch (const std::exception& e) {
