@@ -440,17 +440,15 @@ __device__ void Sample::run(const SampleArgs& a) {
         }
     }
     __syncthreads();
-    if (!last) return;
-    mx = fsh[0];
+    if (!last || threadIdx.x != 0) return;
     const int top = best_id < n ? best_id : -1;  // (-1: no logit above -FLT_MAX, every one -inf or NaN)
-    if (a.next_pos0 && threadIdx.x == 0) {
+    if (a.next_pos0) {
         *a.next_pos0 = pos0 + 1;
         *a.next_step = step + 1;
         *a.next_params = p;
     }
-    if (threadIdx.x != 0) return;
     if (p.temperature > 0.0f && a.wide && top >= 0) {  // SampleMass and SampleWalk draw
-        a.wide->mx = mx, a.wide->top = top, a.wide->active = 1;
+        a.wide->mx = fsh[0], a.wide->top = top, a.wide->active = 1;
         return;
     }
     emit(a, top);  // (the runner passes a WideState for every step whose parameters draw)
