@@ -36,6 +36,7 @@ from edgerunner import _core
 from edgerunner.model_builder import write_random_model
 from reference_forward import ReferenceModel
 from test_engine import FAST_TOLERANCE, IDS, K, prompt, tiny_models  # noqa: F401 (fixture)
+from test_cuda_engine import write_broken_output_model
 from test_cuda_ops import K_TYPES, matmul_error, random_activations, random_weights
 from test_kernels import TYPES
 
@@ -382,14 +383,8 @@ def test_emulated_cuda_no_finite_logit_is_an_error_not_a_token(emulator, tmp_pat
     the device, greedy or not, one step or chained (the steps after it read the drawn -1 as their
     input: the embedding reads row 0 for a token outside the vocabulary), raises the runner's
     error, as the CPU sampler raises one; the session then evaluates on."""
-    import gguf
-
     path = tmp_path / "m.gguf"
-    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=2, vocab_size=5003)
-    r = gguf.GGUFReader(path, "r+")
-    next(t for t in r.tensors if t.name == "output_norm.weight").data[:] = np.nan
-    r.data.flush()
-    del r
+    write_broken_output_model(path)
     for params in ([], ["--temperature", "0.8"], ["--temperature", "0.8", "--top-k", "40", "--top-p", "0.9"]):
         r = subprocess.run([str(emulator), "broken", str(path), "--tokens", "1,2,3", "--dispatch", dispatch, *params],
                            capture_output=True, text=True)

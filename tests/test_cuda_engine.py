@@ -373,21 +373,25 @@ def test_cuda_whole_vocabulary_draw_matches_the_cpu_sampler_at_128k(tmp_path, pa
         check.append(token)
 
 
+def write_broken_output_model(path) -> None:
+    """A tiny Q8_0 llama of 5003 tokens whose final norm's weights are NaN: every logit NaN."""
+    import gguf
+
+    from edgerunner.model_builder import write_random_model
+
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=2, vocab_size=5003)
+    r = gguf.GGUFReader(path, "r+")
+    next(t for t in r.tensors if t.name == "output_norm.weight").data[:] = np.nan
+    r.data.flush()
+
+
 def test_cuda_no_finite_logit_is_an_error_not_a_token(tmp_path):
     """A model whose output is broken (its final norm's weights NaN: every logit NaN): a draw on
     the device raises, as the CPU sampler does, greedy or not, one step at a time or chained
     (where the next step had already read the -1 as its input: the embedding reads row 0 for a
     token outside the vocabulary, nothing out of bounds); the session then works on."""
-    import gguf
-
-    from edgerunner.model_builder import write_random_model
-
     path = tmp_path / "m.gguf"
-    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=2, vocab_size=5003)
-    r = gguf.GGUFReader(path, "r+")
-    next(t for t in r.tensors if t.name == "output_norm.weight").data[:] = np.nan
-    r.data.flush()
-    del r
+    write_broken_output_model(path)
     for dispatch in DISPATCH:
         model = _core.Model.load(str(path), backend="cuda", dispatch=dispatch)
         for params in (dict(), dict(temperature=0.8), dict(temperature=0.8, top_k=40, top_p=0.9)):
