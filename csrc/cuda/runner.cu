@@ -339,7 +339,7 @@ public:
             end(in);
         }
         ER_CUDA(cudaStreamSynchronize(stream_));
-        if (sampling) *in.sampled = drawn(host_block_->sampled);
+        if (sampling) *in.sampled = checked_token(host_block_->sampled);
     }
 
     // Chained decode (recorded dispatch): kChain step blocks in a ring, each with its own graph
@@ -380,7 +380,7 @@ public:
         const int k = static_cast<int>(popped_ % kChain);
         ER_CUDA(cudaEventSynchronize(chain_done_[k]));
         ++popped_;
-        return drawn(chain_host_.get()[k].sampled);
+        return checked_token(chain_host_.get()[k].sampled);
     }
 
     void chain_end() override {
@@ -406,7 +406,7 @@ private:
     }
 
     // A token the device drew, or the error where it found no finite logit (-1).
-    static int32_t drawn(int32_t token) {
+    static int32_t checked_token(int32_t token) {
         if (token < 0)
             throw std::invalid_argument("no finite logit to sample from: every logit is -inf or NaN after bias and penalties "
                                         "(the model's output is broken, or the bias bans every token)");
