@@ -59,9 +59,9 @@ Launch penalize(const PenaltyArgs& a);
 
 // The draw's device memory: zero at load, and each step leaves it zero. Histograms by the top 16
 // bits of the tokens' logit keys (fine) and by the top 8 (coarse): with top-k, token counts (0);
-// else fixed-point masses (sample.cu: softmax weights in units of 2^-46 or finer, integers, so
-// sums are the same bits in any order) of every token (0) and of those min-p keeps (1). Then what
-// the sampler's three kernels pass on, and their counters.
+// else fixed-point masses (sample.cu: softmax weights in units of 2^-46, coarser past 131072
+// tokens; integers, so sums are the same bits in any order) of every token (0) and of those
+// min-p keeps (1). Then what the sampler's three kernels pass on, and their counters.
 struct WideState {
     unsigned long long fine[2][65536];
     unsigned long long coarse[2][256];
