@@ -11,7 +11,7 @@
 // target. The bisection first halves the logit keys (32 threadgroup reductions) and goes on into
 // the ids only when several candidates share the crossing logit, so tied logits are resolved
 // exactly as the CPU walks them (CUDA's one-block fallback finds the tied token by its rank; its
-// whole-vocabulary draw spreads over the GPU in two more kernels, not mirrored here yet).
+// draws spread over the GPU in two more kernels, not mirrored here yet).
 //
 // MSL has no double. The CPU weighs tokens in float64; here w = exp((l - l_max) / T) is a
 // float32 (relative error about |l - l_max| / T · 2^-24) and every sum of weights is carried as

@@ -88,8 +88,8 @@ def transform32(logits, history, *, logit_bias=None, repetition_penalty=1.0, pre
 
 
 # greedy; temperature alone; top-k of up to 1024 (counted into histograms, the candidates sorted)
-# with top-p and min-p; k = 1025 (bisection in one block); top-p, min-p, both, and a top-k past the
-# vocabulary (masses into histograms)
+# with top-p and min-p; k = 1025 (SampleWalk's last block bisects); top-p, min-p, both, and a top-k
+# past the vocabulary (masses into histograms)
 SAMPLING = [dict(), dict(temperature=0.8), dict(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05), dict(temperature=0.7, top_k=1024),
             dict(temperature=1.2, top_k=1025), dict(temperature=0.9, top_p=0.8), dict(temperature=1.5, min_p=0.1),
             dict(temperature=1.1, top_p=0.7, min_p=0.02), dict(temperature=0.6, top_k=100000, top_p=0.95)]
