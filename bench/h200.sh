@@ -5,6 +5,10 @@
 #                                         two cores, 19 MB; $PY312: a Python 3.12 with scikit-build-core,
 #                                         nanobind, cmake and ninja); carry .dev-site and `setup` installs it
 #                                         instead of building there (~150 s of device time saved a machine)
+#   bench/h200.sh prebuild-base REV       (here) revision REV's CUDA extension (`git archive`, built as prebuild) into
+#                                         .ab/base_core.so.xz (~5 MB: carry .ab); `setup` then makes /tmp/site-base,
+#                                         /tmp/site with that extension in it: the base of `sampling`'s A/B, no device
+#                                         time spent building it
 #   bench/h200.sh prebuild-trace          (here) the same with the kernels' timeline compiled in
 #                                         (EDGERUNNER_CUDA_TRACE=ON, csrc/cuda/trace.cuh) into .dev-site-trace;
 #                                         carry it too and `setup` installs it into /tmp/site-trace
@@ -13,6 +17,8 @@
 #   bench/h200.sh models NAME...          random-weight GGUFs of real shapes into /tmp/m (NAME = PRESET-TYPE,
 #                                         e.g. llama-3.1-8b-Q4_0; presets and types of edgerunner.model_builder)
 #   bench/h200.sh bench [bench args]      python -m bench over every file in /tmp/m, CUDA, all dispatch modes
+#   bench/h200.sh sampling [args]         decode speed by sampling setting (bench/sampling_speed.py) over every file in
+#                                         /tmp/m, this build then /tmp/site-base's where there is one, twice over
 #   bench/h200.sh profile NAME...         where a decode step's time goes (ncu, kernels serialised: per kernel,
 #                                         bench/ncu_summary.py), then the decode GEMV's limits (ncu sections:
 #                                         DRAM vs SM throughput, occupancy) for the first 8 of a step
@@ -67,6 +73,13 @@ case "${1:-}" in
     rm -rf .dev-site
     CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "${PY312:-python3.12}" -m pip install --no-build-isolation --no-deps -q \
       -C cmake.define.EDGERUNNER_CUDA=ON -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -C build-dir=/tmp/b312 --target .dev-site . ;;
+  prebuild-base)
+    rev=${2:?a revision}
+    rm -rf .ab/base-src /tmp/site-base-build && mkdir -p .ab/base-src && git archive "$rev" | tar -x -C .ab/base-src
+    (cd .ab/base-src && CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "${PY312:-python3.12}" -m pip install --no-build-isolation --no-deps -q \
+      -C cmake.define.EDGERUNNER_CUDA=ON -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -C build-dir=/tmp/b312base --target /tmp/site-base-build .)
+    xz -T0 -c /tmp/site-base-build/edgerunner/_core*.so > .ab/base_core.so.xz && rm -rf .ab/base-src
+    echo "$rev" > .ab/base_core.rev ;;
   prebuild-trace)
     rm -rf .dev-site-trace
     CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "${PY312:-python3.12}" -m pip install --no-build-isolation --no-deps -q \
@@ -75,7 +88,16 @@ case "${1:-}" in
   setup)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
     if [ -d .dev-site-trace/edgerunner ]; then mkdir -p /tmp/site-trace && cp -r .dev-site-trace/. /tmp/site-trace/; fi
-    if [ -d .dev-site/edgerunner ]; then cp -r .dev-site/. /tmp/site/; exit; fi
+    if [ -d .dev-site/edgerunner ]; then
+      cp -r .dev-site/. /tmp/site/
+      if [ -f .ab/base_core.so.xz ]; then  # (prebuild-base)
+        mkdir -p /tmp/site-base && cp -r /tmp/site/. /tmp/site-base/
+        python3 -c "import lzma, shutil, sys, glob; shutil.copyfileobj(lzma.open(sys.argv[1]), open(glob.glob('/tmp/site-base/edgerunner/_core*.so')[0], 'wb'))" \
+          .ab/base_core.so.xz
+        echo "/tmp/site-base: $(cat .ab/base_core.rev 2>/dev/null)'s extension"
+      fi
+      exit
+    fi
     CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -q \
       -C cmake.define.EDGERUNNER_CUDA=ON -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -C build-dir=/tmp/b . ;;
   test)
@@ -92,6 +114,14 @@ case "${1:-}" in
   bench)
     shift
     timeout 500 python3 -m bench /tmp/m/*.gguf --backend cuda --dispatch eager,argument_buffers,recorded "$@" ;;
+  sampling)
+    shift
+    for round in 1 2; do
+      echo "== this build (round $round)"; python3 bench/sampling_speed.py /tmp/m/*.gguf "$@"
+      if [ -d /tmp/site-base ]; then
+        echo "== /tmp/site-base (round $round)"; PYTHONPATH=/tmp/site-base python3 bench/sampling_speed.py /tmp/m/*.gguf "$@"
+      fi
+    done ;;
   profile)
     shift
     for name in "$@"; do
@@ -212,5 +242,5 @@ case "${1:-}" in
     cmake --build /tmp/peer --target llama-bench -j 16 > /tmp/peer-build.log 2>&1 ||
       { grep -m 3 -B 2 -A 12 -E "error|Killed" /tmp/peer-build.log; tail -3 /tmp/peer-build.log; exit 1; }
     tail -1 /tmp/peer-build.log ;;
-  *) sed -n 2,43p "$0"; exit 2 ;;
+  *) awk 'NR > 1 && /^set -euo/ {exit} NR > 1' "$0"; exit 2 ;;
 esac
