@@ -46,7 +46,7 @@ struct DeviceModel {
 
 struct DeviceKv {
     KVCache layout;  // geometry only (no host storage)
-    id<MTLBuffer> buffer = nil;
+    id<MTLBuffer> buffer = nil;  // the slots, then the token history (program.h: kv_buffer_bytes)
 };
 
 }  // namespace edgerunner::metal

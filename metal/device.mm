@@ -186,10 +186,11 @@ std::shared_ptr<DeviceModel> wrap_weights(const GGUFFile& file, const std::vecto
 std::shared_ptr<DeviceKv> make_kv(const KVCache& layout) {
     Context& c = usable_context();
     // The same per-layer capacities and precision give the same slot layout (the host's copy
-    // keeps the ring bookkeeping; the device needs offsets and capacities only).
+    // keeps the ring bookkeeping; the device needs offsets and capacities only). After the slots,
+    // the token history the penalties read (program.h: kv_buffer_bytes).
     auto kv = std::make_shared<DeviceKv>(
         DeviceKv{KVCache(layout.type, layout.layer_capacity, layout.n_ctx, layout.kv_dim / layout.head_dim, layout.head_dim, false), nil});
-    kv->buffer = [c.device newBufferWithLength:std::max<size_t>(layout.bytes(), 1) options:MTLResourceStorageModeShared];
+    kv->buffer = [c.device newBufferWithLength:kv_buffer_bytes(layout) options:MTLResourceStorageModeShared];
     if (!kv->buffer) {  // (free: the working set the OS recommends, less what this process holds)
         const uint64_t limit = c.device.recommendedMaxWorkingSetSize, held = c.device.currentAllocatedSize;
         throw OutOfMemory(layout.too_big(limit > held ? limit - held : 0, "the GPU's working set (Metal)"));

@@ -1,12 +1,14 @@
 // Embedding lookup (OpKind::Embed): x[t] = row tokens[t] of the embedding matrix, decoded from
 // its raw blocks, × scale. One threadgroup per token; thread i decodes quarters i, i + 128, ...
-// (8 elements each), so neighbouring threads write neighbouring floats.
+// (8 elements each), so neighbouring threads write neighbouring floats. Thread 0 also records
+// the token at its position in the history (what the penalties read: metal/sample.metal).
 #include "common.h"
 #include "quants.h"
 
 template <typename T>
 inline void embed(constant er_embed_args& a, constant er_step_block& step, uint3 tgid, uint tid) {
     const uint t = tgid.x;
+    if (tid == 0 && a.history) a.history[step.pos0 + int(t)] = step_tokens(step)[t];
     device const uint8_t* row = a.w + uint64_t(step_tokens(step)[t]) * a.row_bytes;
     device float* x = a.x + t * a.x_stride;
     for (uint q = tid; q < a.cols / 8; q += ER_THREADS_EMBED) {

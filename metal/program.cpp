@@ -82,10 +82,11 @@ std::string lower(std::string_view s) {
 
 std::string layer_label(int32_t layer) { return layer >= 0 ? "layer " + std::to_string(layer) + ": " : ""; }
 
-// The device sampler over the logits row at memory offset `logits` (its last token's row).
-Step sample_step(size_t logits, size_t weights, size_t out, int64_t n_vocab) {
+// The device sampler over the logits rows at memory offset `logits`, `stride` floats apart (the
+// step's last token's row is read).
+Step sample_step(std::string label, size_t logits, int64_t stride, size_t weights, size_t out, int64_t n_vocab) {
     Step s;
-    s.label = "sample";
+    s.label = std::move(label);
     s.tail = true;
     s.table_bytes = sizeof(er_sample_args);
     s.write_table = [=](const Addresses& at, void* table) {
@@ -95,7 +96,7 @@ Step sample_step(size_t logits, size_t weights, size_t out, int64_t n_vocab) {
         a.weights = device_ptr<float>(at.memory + weights);
         a.out = device_ptr<int32_t>(at.memory + out);
         a.n_vocab = u32(n_vocab);
-        a.logits_stride = u32(n_vocab);
+        a.logits_stride = u32(stride);
         std::memcpy(table, &a, sizeof a);
     };
     s.launch = [](int64_t) {
@@ -105,6 +106,50 @@ Step sample_step(size_t logits, size_t weights, size_t out, int64_t n_vocab) {
         return l;
     };
     return s;
+}
+
+// p's three sampler steps (p's memory offsets set): the sampler over the last logits row; penalize
+// (that row after bias and penalties into penalized_logits, the window read from the history at
+// `history`); the sampler over penalized_logits (one row: stride 0).
+void add_sampler(Program& p, size_t weights, std::function<uint64_t(const Addresses&)> history) {
+    p.sample = sample_step("sample", p.logits, p.n_vocab, weights, p.sampled, p.n_vocab);
+    p.sample_penalized = sample_step("sample (after bias and penalties)", p.penalized_logits, 0, weights, p.sampled, p.n_vocab);
+    Step& s = p.penalize;
+    s.label = "penalize (logit bias, penalties)";
+    s.tail = true;
+    s.table_bytes = sizeof(er_penalize_args);
+    const size_t logits = p.logits, out = p.penalized_logits, counts = p.counts, tokens = p.bias_tokens, values = p.bias_values;
+    const int64_t n_vocab = p.n_vocab;
+    s.write_table = [=](const Addresses& at, void* table) {
+        er_penalize_args a;
+        std::memset(&a, 0, sizeof a);
+        a.logits = device_ptr<const float>(at.memory + logits);
+        a.out = device_ptr<float>(at.memory + out);
+        a.history = device_ptr<const int32_t>(history(at));
+        a.bias_tokens = device_ptr<const int32_t>(at.memory + tokens);
+        a.bias_values = device_ptr<const float>(at.memory + values);
+        a.counts = device_ptr<int32_t>(at.memory + counts);
+        a.n_vocab = u32(n_vocab);
+        a.logits_stride = u32(n_vocab);
+        std::memcpy(table, &a, sizeof a);
+    };
+    s.launch = [n_vocab](int64_t) {
+        Launch l;
+        l.kernel = "penalize";
+        l.groups[0] = div_up(n_vocab, ER_PENALIZE_SLICE);
+        l.threads = ER_THREADS_PENALIZE;
+        return l;
+    };
+}
+
+// penalize's buffers in a memory layout from `total` on; returns the new total.
+size_t layout_penalize(Program& p, size_t total) {
+    const size_t row = align_up(static_cast<size_t>(p.n_vocab) * 4);
+    p.penalized_logits = total;
+    p.counts = total + row;
+    p.bias_tokens = total + 2 * row;
+    p.bias_values = total + 3 * row;
+    return total + 4 * row;
 }
 
 class Builder {
@@ -137,7 +182,7 @@ public:
                 case OpKind::SwiGLU: case OpKind::GeGLU: glu(op); ++i; break;
             }
         }
-        sample();
+        add_sampler(p_, sample_weights_, [history = kv_history_offset(kv_)](const Addresses& at) { return at.kv + history; });
         size_t offset = 0;
         for (Step* s : all_steps()) {
             s->table = offset;
@@ -159,7 +204,7 @@ private:
     std::vector<Step*> all_steps() {
         std::vector<Step*> out;
         for (Step& s : p_.steps) out.push_back(&s);
-        out.push_back(&p_.sample);
+        for (Step* s : {&p_.sample, &p_.penalize, &p_.sample_penalized}) out.push_back(s);
         return out;
     }
 
@@ -187,6 +232,7 @@ private:
         }
         sample_weights_ = total;
         total += align_up(static_cast<size_t>(c_.n_vocab) * 4);
+        total = layout_penalize(p_, total);
         p_.sampled = total;
         total += align_up(ER_STEP_SLOTS * 4);
         p_.memory_bytes = total;
@@ -234,16 +280,18 @@ private:
         const size_t x = row_offset(Buf::X, 0);
         const uint32_t stride = u32(width(Buf::X));
         const float scale = op.scale;
+        const size_t history = kv_history_offset(kv_);
         const std::string kernel = "embed_" + lower(tensor_type_name(w.type));
         add<er_embed_args>(
             "embed (" + std::string(tensor_type_name(w.type)) + ")", false,
-            [&w, x, stride, scale](const Addresses& at, er_embed_args& a) {
+            [&w, x, stride, scale, history](const Addresses& at, er_embed_args& a) {
                 a.w = device_ptr<const uint8_t>(at.weight(w.data));
                 a.x = device_ptr<float>(at.memory + x);
                 a.row_bytes = u32(w.row_bytes);
                 a.cols = u32(w.cols);
                 a.x_stride = stride;
                 a.scale = scale;
+                a.history = device_ptr<int32_t>(at.kv + history);
             },
             [kernel](int64_t rows) { return make_launch(kernel, {}, u32(rows), 1, 1, ER_THREADS_EMBED); });
     }
@@ -533,8 +581,6 @@ private:
             [kernel, w](int64_t rows) { return make_launch(kernel, {}, div_up(w, ER_THREADS_GLU), u32(rows), 1, ER_THREADS_GLU); });
     }
 
-    void sample() { p_.sample = sample_step(p_.logits, sample_weights_, p_.sampled, c_.n_vocab); }
-
     const ModelConfig& c_;
     const Plan& plan_;
     const KVCache& kv_;
@@ -562,7 +608,8 @@ std::string Constants::key() const {
 std::vector<uint8_t> Program::tables(const Addresses& at) const {
     std::vector<uint8_t> out(tables_bytes, 0);
     for (const Step& s : steps) s.write_table(at, out.data() + s.table);
-    sample.write_table(at, out.data() + sample.table);
+    for (const Step* s : {&sample, &penalize, &sample_penalized})
+        if (s->write_table) s->write_table(at, out.data() + s->table);  // (a matmul program has none)
     return out;
 }
 
@@ -588,7 +635,26 @@ std::string unsupported(const ModelConfig& c, const Plan& plan) {
     return "";
 }
 
-void write_step_block(const StepInputs& in, uint32_t slot, void* dst) {
+size_t kv_history_offset(const KVCache& kv) { return align_up(kv.bytes()); }
+size_t kv_buffer_bytes(const KVCache& kv) { return kv_history_offset(kv) + static_cast<size_t>(kv.n_ctx) * sizeof(int32_t); }
+
+bool penalized(const SamplingParams& p) { return !p.logit_bias.empty() || penalties_on(p); }
+
+uint32_t write_bias_table(const Program& p, const std::vector<std::pair<int32_t, float>>& logit_bias, uint8_t* memory) {
+    const std::vector<std::pair<int32_t, float>> m = merged_bias(logit_bias);
+    auto* tokens = reinterpret_cast<int32_t*>(memory + p.bias_tokens);
+    auto* values = reinterpret_cast<float*>(memory + p.bias_values);
+    for (size_t i = 0; i < m.size(); ++i) {
+        if (m[i].first < 0 || m[i].first >= p.n_vocab)
+            throw std::invalid_argument("logit_bias token id " + std::to_string(m[i].first) + " is outside the vocabulary [0, " +
+                                        std::to_string(p.n_vocab) + ")");
+        tokens[i] = m[i].first;
+        values[i] = m[i].second;
+    }
+    return static_cast<uint32_t>(m.size());
+}
+
+void write_step_block(const StepInputs& in, uint32_t slot, void* dst, uint32_t n_bias) {
     er_step_block b;
     std::memset(&b, 0, sizeof b);
     b.pos0 = static_cast<int32_t>(in.pos0);
@@ -602,6 +668,14 @@ void write_step_block(const StepInputs& in, uint32_t slot, void* dst) {
         b.min_p = in.sample->min_p;
         b.seed = in.sample->seed;
         b.sample_step = in.sample_step;
+        b.repetition_penalty = 1.0f;
+        if (penalties_on(*in.sample)) {  // (else a window of 0: penalize adds the bias only)
+            b.repetition_penalty = in.sample->repetition_penalty;
+            b.presence_penalty = in.sample->presence_penalty;
+            b.frequency_penalty = in.sample->frequency_penalty;
+            b.penalty_last_n = in.sample->penalty_last_n;
+        }
+        b.n_bias = n_bias;
     }
     std::memcpy(dst, &b, sizeof b);
     std::memcpy(static_cast<uint8_t*>(dst) + sizeof b, in.tokens, static_cast<size_t>(in.n_tokens) * sizeof(int32_t));
@@ -653,23 +727,27 @@ Program matmul_program(TensorType type, int64_t rows, size_t row_bytes, int64_t 
     if (!kernel_takes(s.launch(1).kernel, s.table_bytes))
         throw std::invalid_argument("the Metal backend has no matmul kernel for " + std::string(tensor_type_name(type)));
     p.steps.push_back(std::move(s));
-    p.tables_bytes = align_up(sizeof(er_matmul_args));
-    p.sample.table = p.tables_bytes;  // no sampler: an empty table past the end
-    p.sample.write_table = [](const Addresses&, void*) {};
+    p.tables_bytes = align_up(sizeof(er_matmul_args));  // (no sampler steps: they have no table)
     return p;
 }
 
-Program sample_program(int64_t n_vocab) {
+Program sample_program(int64_t n_vocab, int64_t n_history) {
     Program p;
     p.max_tokens = 1;
     p.n_vocab = n_vocab;
     p.logits = 0;
-    const size_t weights = align_up(static_cast<size_t>(n_vocab) * 4);
-    p.sampled = 2 * weights;
+    const size_t row = align_up(static_cast<size_t>(n_vocab) * 4), weights = row;
+    size_t total = layout_penalize(p, 2 * row);
+    p.history = total;
+    total += align_up(static_cast<size_t>(std::max<int64_t>(n_history, 1)) * 4);
+    p.sampled = total;
     p.memory_bytes = p.sampled + align_up(ER_STEP_SLOTS * 4);
     p.step_block_bytes = align_up(sizeof(er_step_block) + 4);
-    p.sample = sample_step(p.logits, weights, p.sampled, n_vocab);
-    p.tables_bytes = align_up(sizeof(er_sample_args));
+    add_sampler(p, weights, [history = p.history](const Addresses& at) { return at.memory + history; });
+    p.sample.table = 0;
+    p.penalize.table = align_up(sizeof(er_sample_args));
+    p.sample_penalized.table = p.penalize.table + align_up(sizeof(er_penalize_args));
+    p.tables_bytes = p.sample_penalized.table + align_up(sizeof(er_sample_args));
     return p;
 }
 

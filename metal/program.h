@@ -56,18 +56,27 @@ struct Step {
 
 struct Program {
     std::vector<Step> steps;  // in order; every one reads what the previous ones wrote
-    Step sample;              // the device sampler, after the steps when a run samples
+    // After the steps when a run samples: the device sampler over the last logits row (sample),
+    // or, when the step has logit bias or penalties (penalized()), penalize writing that row
+    // after them to penalized_logits and the sampler reading it there (sample_penalized).
+    Step sample, penalize, sample_penalized;
     int64_t max_tokens = 0, n_vocab = 0;
     size_t tables_bytes = 0;
     // The runner's device memory: activations (one region per plan buffer, max_tokens rows),
-    // the RoPE inverse frequencies, the sampler's scratch and its output.
+    // the RoPE inverse frequencies, the sampler's scratch, penalize's buffers and the sampler's
+    // output.
     size_t memory_bytes = 0;
     size_t logits = 0;   // offset of the logits rows (max_tokens × n_vocab floats)
     size_t sampled = 0;  // offset of the sampler's output: ER_STEP_SLOTS int32
+    size_t penalized_logits = 0;  // n_vocab floats: the last row after bias and penalties
+    size_t counts = 0;            // n_vocab int32, zero (penalize leaves them zero)
+    size_t bias_tokens = 0;       // the bias table (write_bias_table): n_vocab int32 of room,
+    size_t bias_values = 0;       // and n_vocab floats
+    size_t history = 0;  // sample_program only: its token history (a model's is in the KV buffer)
     std::vector<std::pair<size_t, std::vector<float>>> constants;  // written into memory once
     size_t step_block_bytes = 0;  // one step-block slot: er_step_block + max_tokens ids, 256-aligned
 
-    // Every table (steps, then the sampler), each at its Step::table offset.
+    // Every table (steps, then sample, penalize, sample_penalized), each at its Step::table offset.
     std::vector<uint8_t> tables(const Addresses& at) const;
     // Rows a step covers: n_tokens, or n_tokens - first_row for tail steps.
     static int64_t rows(const Step& s, const StepInputs& in);
@@ -81,8 +90,23 @@ Program build_program(const ModelConfig& c, const Plan& plan, const KVCache& kv,
 // What in a plan the Metal backend cannot run (empty: all of it).
 std::string unsupported(const ModelConfig& c, const Plan& plan);
 
-// The step's values into one slot (Program::step_block_bytes at dst).
-void write_step_block(const StepInputs& in, uint32_t slot, void* dst);
+// The session's KV buffer: the cache slots (KVCache::bytes()), then the token history, n_ctx
+// int32: the token at each position, written by the embedding, read by penalize.
+size_t kv_history_offset(const KVCache& kv);
+size_t kv_buffer_bytes(const KVCache& kv);
+
+// Whether a sampled step with p runs penalize before the sampler: logit bias, or penalties on.
+bool penalized(const SamplingParams& p);
+
+// The bias table of logit_bias (merged_bias: tokens rising, one entry each) into a runner's
+// memory (host-visible, at Program::bias_tokens and bias_values); returns its entries, the step
+// block's n_bias. Throws std::invalid_argument for a token outside the vocabulary. Called when
+// the bias changes, not per step (it allocates).
+uint32_t write_bias_table(const Program& p, const std::vector<std::pair<int32_t, float>>& logit_bias, uint8_t* memory);
+
+// The step's values into one slot (Program::step_block_bytes at dst); n_bias: the entries of the
+// bias table in memory (penalized steps).
+void write_step_block(const StepInputs& in, uint32_t slot, void* dst, uint32_t n_bias = 0);
 
 // One matmul of `type` (the backend-ops tests): W (rows × row_bytes, cols) at weight address
 // `w`, x at memory offset 0 (n_tokens × cols floats), y at Program::logits (n_tokens × rows).
@@ -90,8 +114,10 @@ void write_step_block(const StepInputs& in, uint32_t slot, void* dst);
 Program matmul_program(TensorType type, int64_t rows, size_t row_bytes, int64_t cols, int64_t n_tokens, bool gemm);
 
 // The device sampler alone (the backend-ops tests): logits (one row of n_vocab floats) at memory
-// offset Program::logits, the token at Program::sampled + 4 · slot.
-Program sample_program(int64_t n_vocab);
+// offset Program::logits, the token at Program::sampled + 4 · slot; with penalize, the token
+// history (n_history int32, the step's token its last: pos0 = n_history - 1) at Program::history
+// and the bias table written by write_bias_table.
+Program sample_program(int64_t n_vocab, int64_t n_history = 0);
 
 // Development fallback (EDGERUNNER_METAL_RUNTIME_COMPILE): every metal/*.metal under root_dir as
 // one MSL source, quoted includes expanded once each (metal/, then csrc/include/), for the

@@ -9,6 +9,11 @@
 // N+1 while the GPU may still read slot N; a semaphore keeps the host from reusing a slot whose
 // step has not completed. run() returns the step's results, so it waits for its own command
 // buffer today; the slots make a pipelined loop (commit N+1 before reading N) safe.
+//
+// A sampled step with logit bias or penalties runs penalize before the sampler (the sampler then
+// reads the logits after them); the bias table lives in the runner's memory and is rewritten
+// when a step's bias differs from the last one written. That write is not slotted: it relies on
+// no step being in flight when run() starts (true while run() waits for its own step).
 #include <dispatch/dispatch.h>
 
 #include <cstring>
@@ -22,7 +27,7 @@ namespace edgerunner::metal {
 namespace {
 
 class Runner final : public StepRunner {
-    struct Pipelines {  // per step (then the sampler): its kernel for one token, and for many
+    struct Pipelines {  // per step (then sample, penalize, sample_penalized): its kernel for one token, and for many
         std::string one_kernel;
         id<MTLComputePipelineState> one, many;
     };
@@ -73,22 +78,24 @@ public:
         return reinterpret_cast<const float*>(static_cast<const uint8_t*>(memory_.contents) + program_.logits) + last_row_ * program_.n_vocab;
     }
     int64_t max_tokens() const override { return program_.max_tokens; }
-    bool can_sample(const SamplingParams& p) const override {
-        return p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
-    }
+    bool can_sample(const SamplingParams&) const override { return true; }  // bias and penalties too (penalize)
     void fetch_logits() override {}  // shared memory: the last step's logits row is already readable
 
     void run(const StepInputs& in) override {
         if (in.n_tokens < 1 || in.n_tokens > program_.max_tokens) throw std::invalid_argument("Metal: step size out of range");
-        if (in.sample && (!can_sample(*in.sample) || in.logits_out))
-            throw std::logic_error("device sampling takes no bias or penalties, and not with every token's logits");
+        if (in.sample && in.logits_out) throw std::logic_error("device sampling takes the last token's logits, not every token's");
+        const bool penalized = in.sample && metal::penalized(*in.sample);
+        if (penalized && in.sample->logit_bias != bias_sent_) {  // (no step in flight: run() waits for its own)
+            n_bias_ = write_bias_table(program_, in.sample->logit_bias, static_cast<uint8_t*>(memory_.contents));
+            bias_sent_ = in.sample->logit_bias;
+        }
         const uint32_t slot = next_slot_;
         next_slot_ = (next_slot_ + 1) % ER_STEP_SLOTS;
         dispatch_semaphore_wait(in_flight_, DISPATCH_TIME_FOREVER);  // the slot's previous step has completed
         bool committed = false;
         try {
-            write_step_block(in, slot, static_cast<uint8_t*>(steps_.contents) + slot * program_.step_block_bytes);
-            submit(in, slot, committed);
+            write_step_block(in, slot, static_cast<uint8_t*>(steps_.contents) + slot * program_.step_block_bytes, penalized ? n_bias_ : 0);
+            submit(in, slot, penalized, committed);
         } catch (...) {
             if (!committed) dispatch_semaphore_signal(in_flight_);  // the slot was never handed to the GPU
             throw;
@@ -104,21 +111,28 @@ public:
     }
 
 private:
-    // The step's command buffer: encoded, committed, waited for.
-    void submit(const StepInputs& in, uint32_t slot, bool& committed) {
+    // The step's command buffer: encoded, committed, waited for. penalized: a sampled step runs
+    // penalize, then the sampler over its output.
+    void submit(const StepInputs& in, uint32_t slot, bool penalized, bool& committed) {
         @autoreleasepool {
             id<MTLCommandBuffer> cb = [ctx_.queue commandBuffer];
             id<MTLComputeCommandEncoder> enc = [cb computeCommandEncoderWithDispatchType:MTLDispatchTypeSerial];
             if (!residency_) declare_residency(enc);
-            const bool replay = !icb_.empty() && in.n_tokens == 1 && !in.logits_out;
-            if (replay) {
-                [enc useResource:icb_[slot] usage:MTLResourceUsageRead];
-                [enc executeCommandsInBuffer:icb_[slot] withRange:NSMakeRange(0, program_.steps.size() + (in.sample ? 1 : 0))];
+            const bool replay = !icb_[0].empty() && in.n_tokens == 1 && !in.logits_out;
+            const size_t n = program_.steps.size();
+            if (replay) {  // the plain recording, or the penalized one (sampled steps with bias or penalties)
+                id<MTLIndirectCommandBuffer> icb = icb_[penalized ? 1 : 0][slot];
+                [enc useResource:icb usage:MTLResourceUsageRead];
+                [enc executeCommandsInBuffer:icb withRange:NSMakeRange(0, n + (in.sample ? (penalized ? 2 : 1) : 0))];
             } else {
                 bool bound = false;
-                for (size_t i = 0; i < program_.steps.size(); ++i)
-                    encode(enc, program_.steps[i], pipelines_[i], Program::rows(program_.steps[i], in), slot, bound);
-                if (in.sample) encode(enc, program_.sample, pipelines_.back(), 1, slot, bound);
+                for (size_t i = 0; i < n; ++i) encode(enc, program_.steps[i], pipelines_[i], Program::rows(program_.steps[i], in), slot, bound);
+                if (penalized) {
+                    encode(enc, program_.penalize, pipelines_[n + 1], 1, slot, bound);
+                    encode(enc, program_.sample_penalized, pipelines_[n + 2], 1, slot, bound);
+                } else if (in.sample) {
+                    encode(enc, program_.sample, pipelines_[n], 1, slot, bound);
+                }
             }
             [enc endEncoding];
             dispatch_semaphore_t done = in_flight_;
@@ -134,10 +148,11 @@ private:
         }
     }
 
+    // The steps, then sample, penalize, sample_penalized (pipelines_ in this order).
     std::vector<const Step*> all_steps() const {
         std::vector<const Step*> out;
         for (const Step& s : program_.steps) out.push_back(&s);
-        out.push_back(&program_.sample);
+        for (const Step* s : {&program_.sample, &program_.penalize, &program_.sample_penalized}) out.push_back(s);
         return out;
     }
 
@@ -175,7 +190,8 @@ private:
             if (!set) throw std::runtime_error(std::string("Metal: residency set: ") + error.localizedDescription.UTF8String);
             for (id<MTLResource> r : read_only_) [set addAllocation:r];
             for (id<MTLResource> r : read_write_) [set addAllocation:r];
-            for (id<MTLIndirectCommandBuffer> icb : icb_) [set addAllocation:icb];
+            for (const auto& recording : icb_)
+                for (id<MTLIndirectCommandBuffer> icb : recording) [set addAllocation:icb];
             [set commit];
             [set requestResidency];
             [ctx_.queue addResidencySet:set];
@@ -183,35 +199,46 @@ private:
         }
     }
 
-    // The one-token step as indirect command buffers, one per step-block slot: each command binds
-    // its argument table and the slot's block; a barrier orders it after the command before. The
-    // device sampler is the last command, run or left out by the execute range.
+    // The one-token step as indirect command buffers, one per step-block slot, in two recordings:
+    // the steps then the sampler (icb_[0]), and the steps then penalize and the sampler over its
+    // output (icb_[1], for sampled steps with bias or penalties). Each command binds its argument
+    // table and the slot's block; a barrier orders it after the command before. The sampler
+    // commands are run or left out by the execute range.
     void record() {
         MTLIndirectCommandBufferDescriptor* d = [MTLIndirectCommandBufferDescriptor new];
         d.commandTypes = MTLIndirectCommandTypeConcurrentDispatch;
         d.inheritBuffers = NO;
         d.inheritPipelineState = NO;
         d.maxKernelBufferBindCount = 2;
-        const std::vector<const Step*> steps = all_steps();
-        for (uint32_t slot = 0; slot < ER_STEP_SLOTS; ++slot) {
-            id<MTLIndirectCommandBuffer> icb = [ctx_.device newIndirectCommandBufferWithDescriptor:d maxCommandCount:steps.size()
-                                                                                           options:MTLResourceStorageModeShared];
-            if (!icb) throw std::runtime_error("Metal: creating an indirect command buffer failed");
-            for (size_t i = 0; i < steps.size(); ++i) {
-                const Launch l = steps[i]->launch(1);
-                id<MTLIndirectComputeCommand> cmd = [icb indirectComputeCommandAtIndex:i];
-                [cmd setComputePipelineState:pipelines_[i].one];
-                [cmd setKernelBuffer:tables_ offset:steps[i]->table atIndex:ER_BUFFER_ARGS];
-                [cmd setKernelBuffer:steps_ offset:slot * program_.step_block_bytes atIndex:ER_BUFFER_STEP];
-                [cmd concurrentDispatchThreadgroups:MTLSizeMake(l.groups[0], l.groups[1], l.groups[2])
-                              threadsPerThreadgroup:MTLSizeMake(l.threads, 1, 1)];
-                [cmd setBarrier];
+        const std::vector<const Step*> all = all_steps();
+        const size_t n = program_.steps.size();
+        for (int penalized = 0; penalized < 2; ++penalized) {
+            std::vector<size_t> commands;  // indices into all (and pipelines_)
+            for (size_t i = 0; i < n; ++i) commands.push_back(i);
+            if (penalized) commands.insert(commands.end(), {n + 1, n + 2});
+            else commands.push_back(n);
+            for (uint32_t slot = 0; slot < ER_STEP_SLOTS; ++slot) {
+                id<MTLIndirectCommandBuffer> icb = [ctx_.device newIndirectCommandBufferWithDescriptor:d maxCommandCount:commands.size()
+                                                                                               options:MTLResourceStorageModeShared];
+                if (!icb) throw std::runtime_error("Metal: creating an indirect command buffer failed");
+                for (size_t c = 0; c < commands.size(); ++c) {
+                    const size_t i = commands[c];
+                    const Launch l = all[i]->launch(1);
+                    id<MTLIndirectComputeCommand> cmd = [icb indirectComputeCommandAtIndex:c];
+                    [cmd setComputePipelineState:pipelines_[i].one];
+                    [cmd setKernelBuffer:tables_ offset:all[i]->table atIndex:ER_BUFFER_ARGS];
+                    [cmd setKernelBuffer:steps_ offset:slot * program_.step_block_bytes atIndex:ER_BUFFER_STEP];
+                    [cmd concurrentDispatchThreadgroups:MTLSizeMake(l.groups[0], l.groups[1], l.groups[2])
+                                  threadsPerThreadgroup:MTLSizeMake(l.threads, 1, 1)];
+                    [cmd setBarrier];
+                }
+                icb_[penalized].push_back(icb);
             }
-            icb_.push_back(icb);
         }
         if (residency_) {  // the command buffers join the residency set
             if (@available(macOS 15.0, *)) {
-                for (id<MTLIndirectCommandBuffer> icb : icb_) [residency_ addAllocation:icb];
+                for (const auto& recording : icb_)
+                    for (id<MTLIndirectCommandBuffer> icb : recording) [residency_ addAllocation:icb];
                 [residency_ commit];
             }
         }
@@ -226,11 +253,13 @@ private:
     std::vector<uint8_t> tables_host_;
     std::vector<id<MTLResource>> read_only_, read_write_;
     std::vector<Pipelines> pipelines_;
-    std::vector<id<MTLIndirectCommandBuffer>> icb_;
+    std::vector<id<MTLIndirectCommandBuffer>> icb_[2];  // recorded: [penalized][slot]
     id residency_ = nil;  // id<MTLResidencySet> on macOS 15+
     dispatch_semaphore_t in_flight_ = nil;
     uint32_t next_slot_ = 0;
     int64_t last_row_ = 0;
+    std::vector<std::pair<int32_t, float>> bias_sent_;  // the logit_bias whose table is in memory_
+    uint32_t n_bias_ = 0;
 };
 
 // One program (of program.h's test builders) run once, eagerly, with memory laid out by the caller.
@@ -288,6 +317,8 @@ std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, 
 }
 
 int32_t sample(const float* logits, int64_t n_vocab, const SamplingParams& params, uint64_t step) {
+    if (penalized(params))
+        throw std::invalid_argument("metal::sample draws without bias or penalties (it has no token history); a runner applies them");
     Context& c = usable_context();
     const Program p = sample_program(n_vocab);
     @autoreleasepool {

@@ -1,17 +1,28 @@
 // Token sampling on the GPU at the end of a decode step: the CPU sampler's contract
-// (csrc/core/sampler.cpp: greedy, temperature, top-k, top-p, min-p, the counter-based uniform,
-// the inverse-CDF draw over tokens ordered by logit, ties to the lower id), for parameters
-// without logit bias or penalties (those need the token history on the host). The token is
-// written to out[slot]: 4 bytes come back instead of the logits (-1 when no logit is finite).
+// (csrc/core/sampler.cpp), all of it. `penalize` (steps 1-3: logit bias, repetition, presence and
+// frequency penalties over the penalty window) runs first when a step has bias or penalties and
+// writes the logits after them to a second buffer; `sample` (steps 4-10: greedy, temperature,
+// top-k, top-p, min-p, the counter RNG, the inverse-CDF draw over tokens ordered by logit, ties
+// to the lower id) then reads that buffer, or the raw logits. The token is written to out[slot]:
+// 4 bytes come back instead of the logits (-1 when no logit is finite).
 //
-// csrc/cuda/sample.cu's method, in one threadgroup of 1024 threads: no sort. Give every token its
-// rank in the contract's order as a 64-bit number (logit key high, id reversed low: no two
-// tokens tie); "the candidates of rank >= θ" is then a prefix of the order, so top-k, top-p and
-// the draw are each a bisection for the θ where a count or a mass over that prefix crosses its
-// target. The bisection first halves the logit keys (32 threadgroup reductions) and goes on into
-// the ids only when several candidates share the crossing logit, so tied logits are resolved
-// exactly as the CPU walks them (CUDA's one-block fallback finds the tied token by its rank; its
-// draws spread over the GPU in two more kernels, not mirrored here yet).
+// penalize is csrc/cuda/sample.cu's Penalize: threadgroups of ER_PENALIZE_SLICE tokens, each
+// copying its slice, adding the bias table's entries in it (the table's tokens rise: two
+// bisections find them) and counting the window's tokens that fall in it (read from the device's
+// token history, which the embedding writes at each position) into a counts array that is zero
+// before and after; the thread that takes a token's count back to zero penalizes it, so each
+// distinct token once. Its float arithmetic is the CPU's, rounding for rounding: one operation
+// per statement (the library is built without fast math, which contracts a multiply and an add
+// into an FMA only within one expression), the division precise.
+//
+// sample is csrc/cuda/sample.cu's method, in one threadgroup of 1024 threads: no sort. Give
+// every token its rank in the contract's order as a 64-bit number (logit key high, id reversed
+// low: no two tokens tie); "the candidates of rank >= θ" is then a prefix of the order, so top-k,
+// top-p and the draw are each a bisection for the θ where a count or a mass over that prefix
+// crosses its target. The bisection first halves the logit keys (32 threadgroup reductions) and
+// goes on into the ids only when several candidates share the crossing logit, so tied logits are
+// resolved exactly as the CPU walks them (CUDA's one-block fallback finds the tied token by its
+// rank; its draws spread over the GPU in two more kernels, not mirrored here yet).
 //
 // MSL has no double. The CPU weighs tokens in float64; here w = exp((l - l_max) / T) is a
 // float32 (relative error about |l - l_max| / T · 2^-24) and every sum of weights is carried as
@@ -253,4 +264,48 @@ kernel void sample(constant er_sample_args& a [[buffer(ER_BUFFER_ARGS)]],
     st.target = df_scale(mass(a, l, st, part_hi, part_lo, tid, sg, lane, st.use_min_p), sample_uniform(step.seed, step.sample_step));
     const uint64_t drawn = search(a, l, st, kDraw, part_hi, part_lo, part_u, tid, sg, lane);
     if (tid == 0) a.out[step.slot] = int32_t(0xFFFFFFFFu - uint(drawn & 0xFFFFFFFFu));
+}
+
+// ---- bias and penalties -------------------------------------------------------------------
+
+// The first index in [lo, hi) of the rising `tokens` whose token is >= t (hi where none is).
+inline uint first_at_least(device const int32_t* tokens, uint lo, uint hi, uint t) {
+    while (lo < hi) {
+        const uint mid = lo + (hi - lo) / 2;
+        if (uint(tokens[mid]) < t) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+kernel void penalize(constant er_penalize_args& a [[buffer(ER_BUFFER_ARGS)]],
+                     constant er_step_block& step [[buffer(ER_BUFFER_STEP)]], ER_THREAD_POSITION) {
+    const uint from = tgid.x * ER_PENALIZE_SLICE, to = min(a.n_vocab, from + ER_PENALIZE_SLICE);
+    device const float* l = a.logits + uint(step.n_tokens - 1) * a.logits_stride;
+    for (uint i = from + tid; i < to; i += ER_THREADS_PENALIZE) a.out[i] = l[i];
+    threadgroup_barrier(mem_flags::mem_device);  // (the slice copied)
+    const uint lo = first_at_least(a.bias_tokens, 0, step.n_bias, from), hi = first_at_least(a.bias_tokens, lo, step.n_bias, to);
+    for (uint j = lo + tid; j < hi; j += ER_THREADS_PENALIZE) a.out[a.bias_tokens[j]] += a.bias_values[j];
+    if (step.penalty_last_n == 0) return;
+    const int last = step.pos0 + step.n_tokens - 1;  // the step's last token's position
+    const int n_window = step.penalty_last_n < 0 ? last + 1 : min(last + 1, step.penalty_last_n);
+    const int start = last + 1 - n_window;
+    threadgroup_barrier(mem_flags::mem_device);  // (the bias added)
+    device atomic_int* counts = reinterpret_cast<device atomic_int*>(a.counts);
+    for (int i = start + int(tid); i <= last; i += ER_THREADS_PENALIZE) {
+        const uint t = uint(a.history[i]);
+        if (t >= from && t < to) atomic_fetch_add_explicit(&counts[t], 1, memory_order_relaxed);
+    }
+    threadgroup_barrier(mem_flags::mem_device);  // (the slice's counts complete)
+    for (int i = start + int(tid); i <= last; i += ER_THREADS_PENALIZE) {
+        const uint t = uint(a.history[i]);
+        if (t < from || t >= to) continue;
+        const int c = atomic_exchange_explicit(&counts[t], 0, memory_order_relaxed);
+        if (c == 0) continue;  // already penalized: each distinct token once
+        float v = a.out[t];
+        v = v > 0.0f ? precise::divide(v, step.repetition_penalty) : v * step.repetition_penalty;
+        const float per_count = step.frequency_penalty * float(c);
+        const float penalty = step.presence_penalty + per_count;
+        a.out[t] = v - penalty;
+    }
 }

@@ -14,6 +14,11 @@ Tolerances: the Metal kernels multiply float activations (no int8 quantization) 
 f16 KV cache by default (relative rounding 2^-11 per cached value), so two layers land within
 2e-3 · max(1, max|logit|) of the float64 reference; with an f32 cache within 1e-4 · max(1,
 max|logit|), as the CPU's precise mode.
+
+Exactness: the device sampler's tokens equal the CPU sampler's (its masses are double-floats of
+float32 weights: a draw could differ only where u · S falls within float32 rounding of a token's
+edge, never in these draws); penalize's float32 arithmetic is the contract's, operation for
+operation, so its logits equal NumPy's float32 transform bit for bit.
 """
 
 from __future__ import annotations
@@ -238,3 +243,198 @@ def test_sampler_kernel_on_hard_logits(emulator, tmp_path, params):
 def test_sampler_kernel_reports_no_finite_logit(emulator, tmp_path):
     np.full(100, -np.inf, np.float32).tofile(tmp_path / "l.bin")
     assert int(run(emulator, "sample", tmp_path / "l.bin", "--temperature", 0.8)) == -1
+
+
+# ---- logit bias and penalties: penalize before the sampler ------------------------------------
+
+def flags_of(params) -> list:
+    out = []
+    for k, v in params.items():
+        if k == "logit_bias":
+            out += ["--bias", ",".join(f"{t}:{b!r}" for t, b in v.items())] if v else []
+        else:
+            out += [f"--{k.replace('_', '-')}", v]
+    return out
+
+
+def float32_bias_and_penalties(logits, history, *, logit_bias=None, repetition_penalty=1.0, presence_penalty=0.0,
+                               frequency_penalty=0.0, penalty_last_n=64, **_):
+    """The CPU contract's steps 1-3 (csrc/core/sampler.cpp) in NumPy, every operation rounded to
+    float32 once, in the contract's order: bias added; then each distinct token of the window (the
+    last penalty_last_n of the history; -1 all of it, 0 none) divided (logit > 0) or multiplied by
+    the repetition penalty and lowered by presence + frequency · count (product, sum, difference)."""
+    x = np.asarray(logits, np.float32).copy()
+    for t, b in (logit_bias or {}).items():
+        x[t] = np.float32(x[t] + np.float32(b))
+    if penalty_last_n == 0 or (repetition_penalty == 1.0 and presence_penalty == 0.0 and frequency_penalty == 0.0):
+        return x
+    h = np.asarray(history, np.int64)
+    window = h if penalty_last_n == -1 else h[max(0, len(h) - penalty_last_n):]
+    rp, pp, fp = np.float32(repetition_penalty), np.float32(presence_penalty), np.float32(frequency_penalty)
+    for t, c in zip(*np.unique(window, return_counts=True)):
+        v = x[t]
+        v = np.float32(v / rp) if v > 0 else np.float32(v * rp)
+        x[t] = np.float32(v - np.float32(pp + np.float32(fp * np.float32(c))))
+    return x
+
+
+def metal_penalized(params) -> bool:
+    """metal::penalized: whether a step with these params runs penalize (bias, or penalties on)."""
+    on = params.get("penalty_last_n", 64) != 0 and (params.get("repetition_penalty", 1.0) != 1.0 or
+                                                     params.get("presence_penalty", 0.0) != 0.0 or
+                                                     params.get("frequency_penalty", 0.0) != 0.0)
+    return on or bool(params.get("logit_bias"))
+
+
+# Penalties alone (greedy: they decide the token) with windows shorter than the history (7),
+# longer (200 > 150 tokens), all of it (-1) and none (0: nothing to do, the plain sampler runs);
+# bias alone (bans, boosts, on the threadgroups' slice edges) with a window of 0; both, with
+# temperature, top-k, top-p and min-p after them.
+PENALTIES = [dict(repetition_penalty=1.5), dict(repetition_penalty=0.7, presence_penalty=0.5, frequency_penalty=0.3, penalty_last_n=7),
+             dict(frequency_penalty=0.25, presence_penalty=-0.5, penalty_last_n=-1), dict(repetition_penalty=1.3, penalty_last_n=200),
+             dict(repetition_penalty=2.0, frequency_penalty=1.0, penalty_last_n=0),
+             dict(logit_bias=True, repetition_penalty=1.5, penalty_last_n=0),
+             dict(temperature=0.9, top_k=40, repetition_penalty=1.3, presence_penalty=0.4, logit_bias=True),
+             dict(temperature=1.1, frequency_penalty=0.6, penalty_last_n=200, min_p=0.02, logit_bias=True),
+             dict(temperature=0.8, top_p=0.9, repetition_penalty=1.2, frequency_penalty=0.1, penalty_last_n=-1, logit_bias=True)]
+
+
+@pytest.mark.parametrize("params", PENALTIES, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_penalize_kernel_is_the_contracts_float32(emulator, tmp_path, params):
+    """penalize's output equals NumPy's float32 transform bit for bit (every other token
+    untouched), and the token the sampler then draws from it is the CPU sampler's with the same
+    history and step: 2000 tokens (one threadgroup) and 40000 (three slices of 16384); random
+    logits with ties (a tenth of them one value) and -inf; histories of 150 tokens that repeat
+    (counts up to ~30), the step's own token in the window; bias entries banning (-inf) the best
+    token and the step's own, boosting a tied one, on the slices' edges; an empty history."""
+    seed = random.randrange(2**32)
+    rng = np.random.default_rng(seed)
+    runs_penalize = metal_penalized(params)
+    for n in (2000, 40000):
+        for trial in range(3):
+            l = rng.normal(0, 3, n).astype(np.float32)
+            l[rng.integers(0, n, n // 10)] = np.float32(1.5)
+            l[rng.integers(0, n, n // 50)] = -np.inf
+            pool = rng.integers(0, n, 12)  # tokens that recur, the best logits among them
+            pool[:3] = np.argsort(l, kind="stable")[-3:]
+            history = np.where(rng.random(150) < 0.6, rng.choice(pool, 150), rng.integers(0, n, 150)).astype(np.int32)
+            if trial == 2:
+                history = history[:0]
+            p = dict(params)
+            if p.get("logit_bias"):
+                edges = [t for t in (16383, 16384, 32767, 32768, n - 1) if t < n]
+                tied = int(np.nonzero(l == np.float32(1.5))[0][-1])
+                p["logit_bias"] = {int(np.argmax(l)): -np.inf, int(pool[4]): 2.5, tied: 0.75,
+                                   **{t: float(rng.normal(0, 3)) for t in edges}}
+                if len(history):
+                    p["logit_bias"][int(history[-1])] = -np.inf
+            step = int(rng.integers(0, 1000))
+            h = tmp_path / "h.bin"
+            history.tofile(h)
+            l.tofile(tmp_path / "l.bin")
+            out = tmp_path / "p.bin"
+            args = ["sample", tmp_path / "l.bin", "--history", h, "--step", step, "--seed", trial, *flags_of(p)]
+            got = int(run(emulator, *args, *(["--penalized", out] if runs_penalize else [])))
+            want = _core.Sampler(n, seed=trial, **p).sample(l, history, step)
+            assert got == want, f"{p} n={n} trial {trial} (seed {seed}): device {got}, CPU sampler {want}"
+            if runs_penalize:
+                want_l = float32_bias_and_penalties(l, history, **p)
+                got_l = np.fromfile(out, np.float32)
+                differ = np.nonzero(got_l.view(np.uint32) != want_l.view(np.uint32))[0]
+                assert differ.size == 0, f"{p} n={n} trial {trial} (seed {seed}): tokens {differ[:8]} differ"
+
+
+def test_bias_entries_of_one_token_add_up_first(emulator, tmp_path):
+    """A token's several bias entries are summed in their order, then added once (merged_bias),
+    on the device as on the CPU: 1 + 2^-24 + 2^-24 in float32 is 1 when added in turn, 1 + 2^-23
+    when summed first. (Python's dict holds one entry a token; the emulator's --bias takes
+    repeats, as the C++ API's vector does.)"""
+    l = np.zeros(100, np.float32)
+    l[7] = 1.0
+    l[8] = np.float32(1.0 + 2.0**-23)  # what 7 reaches only when its entries are summed first
+    l.tofile(tmp_path / "l.bin")
+    out = tmp_path / "p.bin"
+    got = int(run(emulator, "sample", tmp_path / "l.bin", "--bias", "7:5.9604645e-08,7:5.9604645e-08", "--penalized", out))
+    assert np.fromfile(out, np.float32)[7] == np.float32(1.0 + 2.0**-23)
+    assert got == 7  # (tied with 8: the lower id)
+
+
+def test_bias_banning_every_token_reports_no_finite_logit(emulator, tmp_path):
+    l = np.zeros(50, np.float32)
+    l.tofile(tmp_path / "l.bin")
+    bias = ",".join(f"{t}:-inf" for t in range(50))
+    for temperature in (0.0, 0.8):
+        assert int(run(emulator, "sample", tmp_path / "l.bin", "--bias", bias, "--temperature", temperature)) == -1
+
+
+# Whole-model generations: penalties alone (greedy), windows of 3, of all the history, of none (bias
+# only), longer than the history (500), bias bans and boosts, with sampling after them.
+GENERATION = [dict(repetition_penalty=1.5, seed=1),
+              dict(temperature=0.9, repetition_penalty=1.4, frequency_penalty=0.3, penalty_last_n=3, seed=5),
+              dict(presence_penalty=2.0, penalty_last_n=-1, logit_bias={3: 0.5, 100: -np.inf}, seed=6),
+              dict(temperature=1.0, top_k=40, frequency_penalty=0.5, penalty_last_n=500, logit_bias={7: -np.inf, 319: 3.0}, seed=2),
+              dict(temperature=0.8, top_p=0.9, min_p=0.02, repetition_penalty=1.2, penalty_last_n=0, logit_bias={11: 2.0}, seed=8)]
+
+
+@pytest.mark.parametrize("params", GENERATION, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_device_sampling_with_bias_and_penalties_follows_the_cpu_sampler(emulator, tmp_path, params):
+    """Session::generate's loop on the emulated runners after a prompt that repeats itself (12
+    tokens in prefill steps of 5, 5 and 2): 16 tokens drawn on the device (penalize over the
+    token history the embedding kept on the device, then the sampler), then 16 more with another bias table (written over the first: fewer
+    entries) and seed; each draw is the CPU sampler's on that step's logits with the whole
+    history, and the penalties change at least one draw."""
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=9)
+    ids = list(prompt(np.random.default_rng(3), 6)) * 2
+    second = {250: 4.5, 3: -np.inf}
+    run(emulator, "generate", path, tmp_path / "t.bin", tmp_path / "l.bin", "--tokens", ",".join(map(str, ids)), "--steps", 16,
+        "--chunk", 5, *flags_of(params), "--bias2", ",".join(f"{t}:{b!r}" for t, b in second.items()), "--seed2", 99)
+    tokens = np.fromfile(tmp_path / "t.bin", np.int32)
+    step_logits = np.fromfile(tmp_path / "l.bin", np.float32).reshape(32, -1)
+    n_vocab = step_logits.shape[1]
+    first = _core.Sampler(n_vocab, **params)
+    later = _core.Sampler(n_vocab, **dict(params, logit_bias=second, seed=99))
+    plain = {k: v for k, v in params.items() if k in ("temperature", "top_k", "top_p", "min_p", "seed")}
+    history = list(ids) + [int(tokens[0])]
+    changed = 0
+    for i in range(32):
+        sampler = first if i < 16 else later
+        want = sampler.sample(step_logits[i], np.asarray(history, np.int32), len(history))
+        assert tokens[i + 1] == want, f"{params}: step {i}: device drew {tokens[i + 1]}, CPU sampler {want}"
+        seed = plain.get("seed", 0) if i < 16 else 99
+        changed += want != _core.Sampler(n_vocab, **dict(plain, seed=seed)).sample(step_logits[i], [], len(history))
+        history.append(want)
+    assert changed > 0, f"{params}: bias and penalties changed no draw; the test does not test them"
+
+
+# greedy with a window of 8 (tokens come back once they leave it) and over the whole history with
+# a bias; GENERATION's bans with presence over everything, and its sampled case (window past the
+# history)
+CPU_GENERATION = [dict(repetition_penalty=1.5, presence_penalty=1.0, penalty_last_n=8, seed=1),
+                  dict(repetition_penalty=1.3, frequency_penalty=0.4, penalty_last_n=-1, logit_bias={228: -2.0}, seed=1),
+                  GENERATION[2], GENERATION[3]]
+
+
+@pytest.mark.parametrize("params", CPU_GENERATION, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_generation_with_penalties_equals_the_cpu_backend(emulator, tmp_path, params):
+    """The Metal-emulated engine (f32 KV cache) generating 20 tokens with bias and penalties
+    against the CPU backend's Session.generate (precise mode: f32 KV), which applies them on the
+    host: the same tokens, first to last; and not the tokens of a generation without them."""
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q8_0", seed=12)
+    ids = np.asarray(list(prompt(np.random.default_rng(8), 5)) * 3, np.int32)
+    run(emulator, "generate", path, tmp_path / "t.bin", tmp_path / "l.bin", "--tokens", ",".join(map(str, ids)), "--steps", 19,
+        "--kv", "f32", "--n-ctx", 256, *flags_of(params))
+    got = np.fromfile(tmp_path / "t.bin", np.int32).tolist()
+    model = _core.Model.load(str(path), backend="cpu", precise=True, n_ctx=256, n_threads=1)
+    n_vocab = model.config["n_vocab"]
+
+    def cpu_generate(p):
+        s = _core.Session(model)
+        s.eval(ids)
+        return list(s.generate(_core.Sampler(n_vocab, **p), 20))
+
+    want = cpu_generate(params)
+    assert got == want, f"{params}: Metal emulated {got}, CPU backend {want}"
+    plain = {k: v for k, v in params.items() if k in ("temperature", "top_k", "top_p", "min_p", "seed")}
+    assert cpu_generate(plain) != want, f"{params}: bias and penalties change nothing here; the test does not test them"

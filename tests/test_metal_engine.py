@@ -115,14 +115,19 @@ def test_metal_dispatch_modes_give_identical_logits(tmp_path):
 
 SAMPLING = [dict(temperature=0.0), dict(temperature=0.8), dict(temperature=1.0, top_k=20),
             dict(temperature=0.7, top_p=0.9), dict(temperature=1.2, min_p=0.05),
-            dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.02)]
+            dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.02),
+            # bias and penalties (penalize before the sampler): a window of 8, all the history, none
+            dict(repetition_penalty=1.5, presence_penalty=0.5, penalty_last_n=8),
+            dict(temperature=0.9, top_k=40, frequency_penalty=0.4, penalty_last_n=-1, logit_bias={3: -np.inf, 17: 2.5}),
+            dict(temperature=0.8, repetition_penalty=1.3, penalty_last_n=0, logit_bias={5: 1.5})]
 
 
 @pytest.mark.parametrize("dispatch", DISPATCH)
 @pytest.mark.parametrize("preset,params", [(p, s) for p in ("tiny", "smollm2-135m") for s in SAMPLING])
 def test_metal_sampling_follows_the_cpu_sampler(tmp_path, preset, params, dispatch):
-    """Tokens drawn on the GPU (4 bytes back per step) are the CPU sampler's tokens on the same
-    logits, step for step, in every dispatch mode."""
+    """Tokens drawn on the GPU (4 bytes back per step; bias and penalties applied there over the
+    device's token history) are the CPU sampler's tokens on the same logits, step for step, in
+    every dispatch mode."""
     from edgerunner.model_builder import write_random_model
 
     path = tmp_path / "m.gguf"
@@ -146,6 +151,35 @@ def test_metal_sampling_follows_the_cpu_sampler(tmp_path, preset, params, dispat
         check.append(tok)
         history.append(tok)
     assert np.array_equal(drawn.logits(), check.logits())
+
+
+@pytest.mark.parametrize("dispatch", DISPATCH)
+def test_metal_second_generation_replaces_the_bias(tmp_path, dispatch):
+    """Two generations on one session with penalties over the whole history and another bias
+    table (fewer entries) and seed for the second: the table is rewritten, every draw the CPU
+    sampler's."""
+    from edgerunner.model_builder import write_random_model
+
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=9)
+    model = _core.Model.load(str(path), backend="metal", n_ctx=256, dispatch=dispatch)
+    n_vocab = model.config["n_vocab"]
+    ids = np.asarray(list(prompt(np.random.default_rng(3), 6)) * 2, np.int32)
+    common = dict(temperature=0.9, repetition_penalty=1.3, penalty_last_n=-1)
+    samplers = [_core.Sampler(n_vocab, logit_bias={3: 0.5, 100: -np.inf, 250: 1.0}, seed=5, **common),
+                _core.Sampler(n_vocab, logit_bias={7: -np.inf}, seed=9, **common)]
+    drawn = _core.Session(model)
+    drawn.eval(ids)
+    tokens = [t for sampler in samplers for t in drawn.generate(sampler, 12, [])]
+    check = _core.Session(model)
+    check.eval(ids)
+    history = list(ids)
+    for i, tok in enumerate(tokens):  # (generate appends its last draw: the second one goes on from there)
+        sampler = samplers[i // 12]
+        want = sampler.sample(check.logits(), np.asarray(history, np.int32), len(history))
+        assert tok == want, f"{dispatch}: draw {i}: GPU {tok}, CPU sampler {want}"
+        check.append(tok)
+        history.append(tok)
 
 
 @pytest.mark.slow

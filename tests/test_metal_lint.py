@@ -135,8 +135,8 @@ HOST_PLANTED = {
         "metal/device.mm", "__strong id<MTLBuffer>& b = windows[start];", "id<MTLBuffer>& b = windows[start];",
         "no explicit ownership"),
     "a program field that does not exist": (
-        "metal/runner.mm", "slot * program_.step_block_bytes atIndex:ER_BUFFER_STEP];\n                [cmd concurrent",
-        "slot * program_.step_bytes atIndex:ER_BUFFER_STEP];\n                [cmd concurrent", "step_bytes"),
+        "metal/runner.mm", "slot * program_.step_block_bytes atIndex:ER_BUFFER_STEP];\n                    [cmd concurrent",
+        "slot * program_.step_bytes atIndex:ER_BUFFER_STEP];\n                    [cmd concurrent", "step_bytes"),
     "a buffer where a resource list is typed": (
         "metal/runner.mm", "for (id<MTLResource> r : read_write_) [set addAllocation:r];",
         "for (id<MTLBuffer> r : read_write_) [set addAllocation:r];", "incompatible pointer types"),

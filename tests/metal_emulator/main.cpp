@@ -5,13 +5,19 @@
 //   metal_emulator logits MODEL OUT --tokens 1,2,3 [--chunk N] [--n-ctx N] [--kv f16] [--decode-from K] [--fuse 0]
 //       every position's logits (n × n_vocab float32); with --decode-from K the first K tokens
 //       run as prefill and the rest one decode step each: rows for positions K-1 .. n-1
-//   metal_emulator generate MODEL TOKENS_OUT LOGITS_OUT --tokens ... --steps N [--temperature T]
-//       [--top-k K] [--top-p P] [--min-p M] [--seed S] [--chunk N] [--n-ctx N]
-//       after the prompt (first token: its argmax), N decode steps that each draw the next token
-//       with the device sampler: the first token, the drawn ones (int32), each step's logits
+//   metal_emulator generate MODEL TOKENS_OUT LOGITS_OUT --tokens ... --steps N [SAMPLING] [--chunk N] [--n-ctx N]
+//       [--kv f16] [--bias2 T:B,... --seed2 S]
+//       Session::generate's loop: the prompt, its next token drawn by the CPU sampler, then N
+//       decode steps that each draw the next token with the device sampler (penalize first when
+//       there are bias or penalties); with --bias2, N more steps with that bias table and seed
+//       instead. Writes the first token and the drawn ones (int32), each step's logits
 //   metal_emulator matmul TYPE ROWS COLS N_TOKENS gemv|gemm W_FILE X_FILE OUT
-//   metal_emulator sample LOGITS_FILE [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [--step S]
-//       prints the token
+//   metal_emulator sample LOGITS_FILE [SAMPLING] [--step S] [--history FILE] [--penalized OUT]
+//       prints the token; the history (int32; the step's token its last) is what the penalties
+//       read; --penalized: the logits after bias and penalties, as penalize wrote them
+//   SAMPLING: [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--seed S]
+//       [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--penalty-last-n N]
+//       [--bias T:B,T:B,...] (a token may repeat: its entries add up)
 //   metal_emulator source ROOT OUT
 //       the one MSL source the development build compiles at run time (metal::library_source)
 // METAL_EMULATOR_TRACE=1 prints every dispatch (step, kernel, grid, constants) as it runs.
@@ -79,6 +85,21 @@ std::vector<int32_t> parse_tokens(const std::string& s) {
     return out;
 }
 
+// "T:B,T:B,..." (B may be inf or -inf)
+std::vector<std::pair<int32_t, float>> parse_bias(const std::string& s) {
+    std::vector<std::pair<int32_t, float>> out;
+    size_t i = 0;
+    while (i < s.size()) {
+        size_t j = s.find(',', i);
+        if (j == std::string::npos) j = s.size();
+        const std::string entry = s.substr(i, j - i);
+        const size_t colon = entry.find(':');
+        out.emplace_back(static_cast<int32_t>(std::stol(entry.substr(0, colon))), std::stof(entry.substr(colon + 1)));
+        i = j + 1;
+    }
+    return out;
+}
+
 SamplingParams sampling(const Args& a) {
     SamplingParams p;
     p.temperature = std::stof(a.get("temperature", "0"));
@@ -86,6 +107,11 @@ SamplingParams sampling(const Args& a) {
     p.top_p = std::stof(a.get("top-p", "1"));
     p.min_p = std::stof(a.get("min-p", "0"));
     p.seed = std::stoull(a.get("seed", "0"));
+    p.repetition_penalty = std::stof(a.get("repetition-penalty", "1"));
+    p.presence_penalty = std::stof(a.get("presence-penalty", "0"));
+    p.frequency_penalty = std::stof(a.get("frequency-penalty", "0"));
+    p.penalty_last_n = std::stoi(a.get("penalty-last-n", "64"));
+    p.logit_bias = parse_bias(a.get("bias", ""));
     return p;
 }
 
@@ -116,7 +142,7 @@ struct Emulated {
         for (int64_t i = 0; i < config.n_layer; ++i)
             if (config.layer_is_local(i) && config.sliding_window + chunk < n_ctx) capacities[i] = config.sliding_window + chunk;
         kv = std::make_unique<KVCache>(parse_kv_type(a.get("kv", "f16")), capacities, n_ctx, config.n_head_kv, config.head_dim, false);
-        kv_memory = std::make_unique<er_emulator::Memory>(kv->bytes());
+        kv_memory = std::make_unique<er_emulator::Memory>(metal::kv_buffer_bytes(*kv));
         const bool fuse = a.get("fuse", "1") != "0";
         decode = std::make_unique<er_emulator::Runner>(config, decode_plan, *kv, *kv_memory, fuse);
         prefill = std::make_unique<er_emulator::Runner>(config, prefill_plan, *kv, *kv_memory, fuse);
@@ -168,25 +194,33 @@ int cmd_generate(const Args& a) {
     Emulated m(a.positional.at(0), a);
     const std::vector<int32_t> ids = parse_tokens(a.get("tokens", ""));
     const int64_t vocab = m.config.n_vocab, steps = std::stoll(a.get("steps", "8"));
-    const SamplingParams params = sampling(a);
+    std::vector<SamplingParams> generations{sampling(a)};
+    if (a.options.count("bias2")) {
+        SamplingParams second = generations[0];
+        second.logit_bias = parse_bias(a.get("bias2", ""));
+        second.seed = std::stoull(a.get("seed2", "0"));
+        generations.push_back(second);
+    }
     const float* l = m.process(ids.data(), static_cast<int64_t>(ids.size()), nullptr);
-    int32_t token = static_cast<int32_t>(std::max_element(l, l + vocab) - l);
+    int32_t token = Sampler(static_cast<int32_t>(vocab), generations[0]).sample(l, ids.data(), ids.size(), ids.size());
     std::vector<int32_t> drawn{token};
     std::vector<float> logits;
-    for (int64_t i = 0; i < steps; ++i) {
-        int32_t next = -1;
-        StepInputs in;
-        in.tokens = &token;
-        in.n_tokens = 1;
-        in.pos0 = m.pos;
-        in.sample = &params;
-        in.sample_step = static_cast<uint64_t>(m.pos + 1);  // as Session::step_sampled: the history it completes
-        in.sampled = &next;
-        m.decode->run(in);
-        m.pos += 1;
-        drawn.push_back(next);
-        logits.insert(logits.end(), m.decode->logits(), m.decode->logits() + vocab);
-        token = next;
+    for (const SamplingParams& params : generations) {
+        for (int64_t i = 0; i < steps; ++i) {
+            int32_t next = -1;
+            StepInputs in;
+            in.tokens = &token;
+            in.n_tokens = 1;
+            in.pos0 = m.pos;
+            in.sample = &params;
+            in.sample_step = static_cast<uint64_t>(m.pos + 1);  // as Session::step_sampled: the history it completes
+            in.sampled = &next;
+            m.decode->run(in);
+            m.pos += 1;
+            drawn.push_back(next);
+            logits.insert(logits.end(), m.decode->logits(), m.decode->logits() + vocab);
+            token = next;
+        }
     }
     write_file(a.positional.at(1), drawn.data(), drawn.size() * 4);
     write_file(a.positional.at(2), logits.data(), logits.size() * 4);
@@ -234,22 +268,36 @@ int cmd_matmul(const Args& a) {
 int cmd_sample(const Args& a) {
     const std::vector<uint8_t> l = read_file(a.positional.at(0));
     const int64_t vocab = static_cast<int64_t>(l.size() / 4);
-    const metal::Program p = metal::sample_program(vocab);
+    const std::vector<uint8_t> history = a.options.count("history") ? read_file(a.get("history", "")) : std::vector<uint8_t>{};
+    const int64_t n_history = static_cast<int64_t>(history.size() / 4);
+    const metal::Program p = metal::sample_program(vocab, n_history);
     er_emulator::Memory memory(p.memory_bytes), block(p.step_block_bytes);
     std::memcpy(memory.data() + p.logits, l.data(), l.size());
+    std::memcpy(memory.data() + p.history, history.data(), history.size());
     metal::Addresses at;
     at.memory = memory.address();
     const std::vector<uint8_t> tables = p.tables(at);
     const SamplingParams params = sampling(a);
-    int32_t token = 0, next = -1;
+    const bool penalized = metal::penalized(params);
+    const uint32_t n_bias = metal::write_bias_table(p, params.logit_bias, memory.data());
+    int32_t token = n_history ? reinterpret_cast<const int32_t*>(history.data())[n_history - 1] : 0, next = -1;
     StepInputs in;
     in.tokens = &token;
     in.n_tokens = 1;
+    in.pos0 = n_history - 1;  // the step's token is the history's last
     in.sample = &params;
     in.sample_step = std::stoull(a.get("step", "0"));
     in.sampled = &next;
-    metal::write_step_block(in, 1, block.data());
-    er_emulator::dispatch(p.sample.launch(1), tables.data() + p.sample.table, block.data());
+    metal::write_step_block(in, 1, block.data(), n_bias);
+    if (penalized) er_emulator::dispatch(p.penalize.launch(1), tables.data() + p.penalize.table, block.data());
+    const metal::Step& sampler = penalized ? p.sample_penalized : p.sample;
+    er_emulator::dispatch(sampler.launch(1), tables.data() + sampler.table, block.data());
+    if (a.options.count("penalized")) {
+        if (!penalized) throw std::invalid_argument("--penalized: these parameters have no bias or penalties, so penalize does not run");
+        write_file(a.get("penalized", ""), memory.data() + p.penalized_logits, static_cast<size_t>(vocab) * 4);
+    }
+    for (int32_t i = 0; i < vocab; ++i)  // penalize leaves its counts zero
+        if (reinterpret_cast<const int32_t*>(memory.data() + p.counts)[i] != 0) throw std::logic_error("penalize left a count non-zero");
     std::memcpy(&next, memory.data() + p.sampled + 4, 4);
     std::printf("%d\n", next);
     return 0;

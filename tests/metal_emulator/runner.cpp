@@ -40,21 +40,25 @@ Runner::Runner(const ModelConfig& c, const Plan& plan, const KVCache& kv, const 
     for (const auto& [offset, values] : program_.constants) std::memcpy(memory_.data() + offset, values.data(), values.size() * 4);
     metal::Addresses at;
     at.memory = memory_.address();
-    at.kv = kv_memory.address();
+    at.kv = kv_memory.address();  // (the KV buffer: metal::kv_buffer_bytes)
     at.weight = [](const uint8_t* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); };
     tables_ = program_.tables(at);
 }
 
-bool Runner::can_sample(const SamplingParams& p) const {
-    return p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
-}
+bool Runner::can_sample(const SamplingParams&) const { return true; }
 
 void Runner::run(const StepInputs& in) {
     if (in.n_tokens < 1 || in.n_tokens > program_.max_tokens) throw std::invalid_argument("Metal emulator: step size out of range");
+    if (in.sample && in.logits_out) throw std::logic_error("device sampling takes the last token's logits, not every token's");
+    const bool penalized = in.sample && metal::penalized(*in.sample);
+    if (penalized && in.sample->logit_bias != bias_sent_) {  // the bias table, when it changed
+        n_bias_ = metal::write_bias_table(program_, in.sample->logit_bias, memory_.data());
+        bias_sent_ = in.sample->logit_bias;
+    }
     const uint32_t slot = next_slot_;
     next_slot_ = (next_slot_ + 1) % ER_STEP_SLOTS;
     uint8_t* block = steps_.data() + slot * program_.step_block_bytes;
-    metal::write_step_block(in, slot, block);
+    metal::write_step_block(in, slot, block, penalized ? n_bias_ : 0);
     static const bool trace = std::getenv("METAL_EMULATOR_TRACE") != nullptr;
     for (const metal::Step& s : program_.steps) {
         const metal::Launch l = s.launch(metal::Program::rows(s, in));
@@ -70,7 +74,9 @@ void Runner::run(const StepInputs& in) {
     last_row_ = in.n_tokens - 1;
     const float* logits = reinterpret_cast<const float*>(memory_.data() + program_.logits);
     if (in.sample) {
-        dispatch(program_.sample.launch(1), tables_.data() + program_.sample.table, block);
+        if (penalized) dispatch(program_.penalize.launch(1), tables_.data() + program_.penalize.table, block);
+        const metal::Step& sampler = penalized ? program_.sample_penalized : program_.sample;
+        dispatch(sampler.launch(1), tables_.data() + sampler.table, block);
         std::memcpy(in.sampled, memory_.data() + program_.sampled + 4 * slot, 4);
         if (*in.sampled < 0) throw std::invalid_argument("no finite logit to sample from: the model output is broken");
     } else if (in.logits_out) {

@@ -1,6 +1,7 @@
 // A StepRunner that runs a prepared Metal program (metal/program.h) on the emulated kernels:
 // the Metal host's logic (argument tables, step-block slots, grids per step size, the sampler
-// step, logits out) with host memory standing in for MTLBuffers and device addresses being
+// steps with penalize before them when a step has bias or penalties, the bias table written when
+// it changes, logits out) with host memory standing in for MTLBuffers and device addresses being
 // host addresses.
 #pragma once
 
@@ -28,6 +29,7 @@ void dispatch(const edgerunner::metal::Launch& launch, const void* table, const 
 
 class Runner final : public edgerunner::StepRunner {
 public:
+    // kv_memory: metal::kv_buffer_bytes(kv), zero (the cache slots, then the token history).
     Runner(const edgerunner::ModelConfig& c, const edgerunner::Plan& plan, const edgerunner::KVCache& kv, const Memory& kv_memory,
            bool fuse = true);
     void run(const edgerunner::StepInputs& in) override;
@@ -42,6 +44,8 @@ private:
     std::vector<uint8_t> tables_;
     uint32_t next_slot_ = 0;
     int64_t last_row_ = 0;
+    std::vector<std::pair<int32_t, float>> bias_sent_;  // the logit_bias whose table is in memory
+    uint32_t n_bias_ = 0;
 };
 
 }  // namespace er_emulator

@@ -47,6 +47,8 @@
 #define ER_ATTENTION_MAX_HEAD_DIM 256
 #define ER_THREADS_GLU 256
 #define ER_THREADS_SAMPLE 1024
+#define ER_THREADS_PENALIZE 1024
+#define ER_PENALIZE_SLICE 16384   // a penalize threadgroup's tokens (16 per thread)
 
 // ---- function constants (Metal) / template parameters (CUDA) ----------------------------
 #define ER_FC_ACCUMULATE 0  // bool: out += result (the residual connection), else out = result
@@ -83,15 +85,26 @@ typedef struct {
     float min_p;          // 0: off
     uint64_t seed;
     uint64_t sample_step;  // the sampler's RNG counter
+    // Bias and penalties, read by the penalize kernel (run before the sampler when a step has
+    // either; penalties off: 1, 0, 0 and a window of 0).
+    float repetition_penalty;
+    float presence_penalty;
+    float frequency_penalty;
+    int32_t penalty_last_n;  // the window: this many positions up to the step's last (-1: all)
+    uint32_t n_bias;         // entries in the bias table (er_penalize_args)
+    uint32_t pad;
     // int32_t tokens[n_tokens] follow the struct in the same buffer.
 } er_step_block;
-ER_ASSERT_SIZE(er_step_block, 48);
+ER_ASSERT_SIZE(er_step_block, 72);
 ER_ASSERT_OFFSET(er_step_block, temperature, 16);
 ER_ASSERT_OFFSET(er_step_block, seed, 32);
 ER_ASSERT_OFFSET(er_step_block, sample_step, 40);
+ER_ASSERT_OFFSET(er_step_block, repetition_penalty, 48);
+ER_ASSERT_OFFSET(er_step_block, n_bias, 64);
 
 // ---- embedding rows ---------------------------------------------------------------------
-// x[t] = row tokens[t] of w, decoded from its blocks, × scale (gemma3 scales by √n_embd).
+// x[t] = row tokens[t] of w, decoded from its blocks, × scale (gemma3 scales by √n_embd); and
+// history[pos0 + t] = tokens[t], the token history the penalties read (where history is set).
 typedef struct {
     ER_DEVICE const uint8_t* w;  // the embedding matrix: n_vocab rows of row_bytes raw blocks
     ER_DEVICE float* x;          // per token x_stride floats
@@ -99,11 +112,13 @@ typedef struct {
     uint32_t cols;               // a multiple of 32
     uint32_t x_stride;
     float scale;
+    ER_DEVICE int32_t* history;  // n_ctx ints: the token at each position (null: not kept)
 } er_embed_args;
-ER_ASSERT_SIZE(er_embed_args, 32);
+ER_ASSERT_SIZE(er_embed_args, 40);
 ER_ASSERT_OFFSET(er_embed_args, x, 8);
 ER_ASSERT_OFFSET(er_embed_args, row_bytes, 16);
 ER_ASSERT_OFFSET(er_embed_args, scale, 28);
+ER_ASSERT_OFFSET(er_embed_args, history, 32);
 
 // ---- RMSNorm ----------------------------------------------------------------------------
 // Row r: y_r (+)= x_r / rms(x_r) · w over n values. A token holds rows_per_token rows, rows
@@ -251,3 +266,22 @@ typedef struct {
 } er_sample_args;
 ER_ASSERT_SIZE(er_sample_args, 32);
 ER_ASSERT_OFFSET(er_sample_args, n_vocab, 24);
+
+// ---- bias and penalties (before the sampler, when a step has either) --------------------------
+// out = the step's last logits row after the CPU contract's steps 1-3: the bias table's entries
+// added, then each distinct token of the penalty window (the step block's penalty_last_n
+// positions up to the step's last, read from history) penalized once with its count. The sampler
+// then reads out. Threadgroups of ER_PENALIZE_SLICE tokens, each over the whole window.
+typedef struct {
+    ER_DEVICE const float* logits;       // rows logits_stride floats apart; row n_tokens - 1 is used
+    ER_DEVICE float* out;                // n_vocab floats
+    ER_DEVICE const int32_t* history;    // n_ctx ints: the token at each position (the embedding writes it)
+    ER_DEVICE const int32_t* bias_tokens;  // the bias table: the step block's n_bias entries, tokens
+    ER_DEVICE const float* bias_values;    // rising, one each (merged_bias)
+    ER_DEVICE int32_t* counts;           // n_vocab ints: zero, and left zero
+    uint32_t n_vocab;
+    uint32_t logits_stride;
+} er_penalize_args;
+ER_ASSERT_SIZE(er_penalize_args, 56);
+ER_ASSERT_OFFSET(er_penalize_args, counts, 40);
+ER_ASSERT_OFFSET(er_penalize_args, n_vocab, 48);
