@@ -11,9 +11,8 @@
 // bisections find them) and counting the window's tokens that fall in it (read from the device's
 // token history, which the embedding writes at each position) into a counts array that is zero
 // before and after; the thread that takes a token's count back to zero penalizes it, so each
-// distinct token once. Its float arithmetic is the CPU's, rounding for rounding: one operation
-// per statement (the library is built without fast math, which contracts a multiply and an add
-// into an FMA only within one expression), the division precise.
+// distinct token once. Its float arithmetic is the CPU's, rounding for rounding: each product
+// rounded on its own before the addition after it (no FMA), the division precise.
 //
 // sample is csrc/cuda/sample.cu's method, in one threadgroup of 1024 threads: no sort. Give
 // every token its rank in the contract's order as a 64-bit number (logit key high, id reversed
@@ -302,9 +301,11 @@ kernel void penalize(constant er_penalize_args& a [[buffer(ER_BUFFER_ARGS)]],
         if (t < from || t >= to) continue;
         const int c = atomic_exchange_explicit(&counts[t], 0, memory_order_relaxed);
         if (c == 0) continue;  // already penalized: each distinct token once
-        float v = a.out[t];
-        v = v > 0.0f ? precise::divide(v, step.repetition_penalty) : v * step.repetition_penalty;
-        const float per_count = step.frequency_penalty * float(c);
+        const float l_t = a.out[t];
+        // (the products go through volatiles: no compiler setting can fuse them into the
+        // addition after them)
+        volatile float v = l_t > 0.0f ? precise::divide(l_t, step.repetition_penalty) : l_t * step.repetition_penalty;
+        volatile float per_count = step.frequency_penalty * float(c);
         const float penalty = step.presence_penalty + per_count;
         a.out[t] = v - penalty;
     }
