@@ -367,6 +367,14 @@ def test_bias_banning_every_token_reports_no_finite_logit(emulator, tmp_path):
         assert int(run(emulator, "sample", tmp_path / "l.bin", "--bias", bias, "--temperature", temperature)) == -1
 
 
+def test_bias_table_refuses_a_token_outside_the_vocabulary(emulator, tmp_path):
+    """write_bias_table checks what it writes into device memory (a Sampler has checked it before
+    the engine's runners see it; the table must not be the only guard, nor a silent one)."""
+    np.zeros(50, np.float32).tofile(tmp_path / "l.bin")
+    r = subprocess.run([str(emulator), "sample", str(tmp_path / "l.bin"), "--bias", "3:1.0,50:2.0"], capture_output=True, text=True)
+    assert r.returncode == 1 and "logit_bias token id 50 is outside the vocabulary [0, 50)" in r.stderr, r.stderr
+
+
 # Whole-model generations: penalties alone (greedy), windows of 3, of all the history, of none (bias
 # only), longer than the history (500), bias bans and boosts, with sampling after them.
 GENERATION = [dict(repetition_penalty=1.5, seed=1),
