@@ -7,9 +7,10 @@
 // above logit θ" is a prefix of the contract's order (logit descending, then id ascending), so
 // top-k, top-p and the draw each become a search for where a count or a sum over that prefix
 // crosses its target, in two more kernels that spread the search over the GPU:
-//  - SampleMass sums every token into histograms by the top 16 bits of its logit's key: with
-//    top-k (up to 1024) token counts; else its softmax weight in fixed point (every token's, and
-//    min-p's kept ones'). Its last block finds the buckets the cuts fall in.
+//  - SampleMass sums every token into histograms of 65536 buckets (with top-k (up to
+//    1024) by the top 16 bits of its logit's key, and token counts; else by its distance below
+//    the largest logit, and its softmax weight in fixed point: every token's, and min-p's kept
+//    ones'). Its last block finds the buckets the cuts fall in.
 //  - SampleWalk collects the tokens of those buckets (with top-k: every token from top-k's bucket
 //    up), and its last block sorts them (at most 1024) and walks them: top-k's walk is the CPU's,
 //    sum for sum (walk_top_k); without top-k, top-p's and the draw's ends come from block-wide
@@ -139,10 +140,14 @@ __device__ __forceinline__ uint32_t uniform_bits(uint64_t seed, uint64_t step) {
     return static_cast<uint32_t>(mix(state) >> 40);
 }
 
-// The contract's softmax weight, float64: the largest logit weighs 1 exactly.
-__device__ __forceinline__ double weight(float l, float mx, double t) {
-    return l == mx ? 1.0 : exp(__ddiv_rn(__dsub_rn(static_cast<double>(l), static_cast<double>(mx)), t));
+// The contract's softmax weight, float64: exp((l - mx) / T), the largest logit weighing 1 exactly;
+// from a token's distance below the largest logit in units of T, d = (mx - l) / T (the same
+// bits negated).
+__device__ __forceinline__ double distance(float l, float mx, double t) {
+    return __ddiv_rn(__dsub_rn(static_cast<double>(mx), static_cast<double>(l)), t);
 }
+__device__ __forceinline__ double weight_at(double d) { return d == 0.0 ? 1.0 : exp(-d); }
+__device__ __forceinline__ double weight(float l, float mx, double t) { return weight_at(distance(l, mx, t)); }
 
 // A token's mass is its weight w in fixed point, w · 2^shift rounded (0 where w is 0 or NaN), with
 // shift = 46 or less so that the whole vocabulary's sums stay below 2^63 (2^-46 ≈ 1.4e-14: a draw
@@ -161,6 +166,18 @@ __device__ __forceinline__ double mass_scale(int32_t n) {
 __device__ __forceinline__ unsigned long long fixed_mass(double w, double scale) {
     return w > 0.0 ? static_cast<unsigned long long>(w * scale + 0.5) : 0ull;  // (w · scale exact, below 2^52)
 }
+// A token's histogram bucket (16 bits, higher logits in higher buckets). With top-k (counts):
+// its logit key's top 16 bits (bucket_of_key). With masses: its distance d below the largest
+// logit in steps of 33 / 65536 (bucket_at; tokens 33 T or more below it weigh under 2^-47, mass
+// 0: all in bucket 0). Key bits gave flat logits too few buckets: a random-weight 1B's (mean 4.3,
+// std 0.93) put up to 1805 tokens in one, past the walk's 1024, so every draw fell back to the
+// one-block bisection (~0.4 ms a token at 128k); by d the most is 43. Monotone in the logit.
+__device__ __forceinline__ int32_t bucket_of_key(uint32_t k) { return static_cast<int32_t>(k >> 16); }
+__device__ __forceinline__ int32_t bucket_at(double d) {
+    const double s = d * (65536.0 / 33.0);
+    return s < 65535.0 ? 65535 - static_cast<int32_t>(s) : 0;
+}
+
 // The draw's target: the cut is at the first token whose cumulative mass c has c > u · S, which
 // for integers is c > floor(U · S / 2^24) (exact: no overflow below S = 2^63).
 __device__ __forceinline__ unsigned long long draw_target(uint32_t u_bits, unsigned long long s) {
@@ -541,13 +558,14 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     for (int i = threadIdx.x; i < 2 * 256; i += kThreads) coarse[i / 256][i % 256] = 0;
     __syncthreads();
     for_each_logit<1>(a.logits + from, min(kSpan, n - from), [&](float v, int, bool valid) {
-        const uint32_t k = key(v);
-        const double w = valid && !use.counts ? weight(v, mx, t) : 0.0;
+        const double d = valid && !use.counts ? distance(v, mx, t) : 0.0;
+        const int32_t f = !valid ? 0 : use.counts ? bucket_of_key(key(v)) : bucket_at(d);
+        const double w = valid && !use.counts ? weight_at(d) : 0.0;
         const unsigned long long q = use.counts ? valid : fixed_mass(w, scale), q_kept = w >= min_w ? q : 0;
-        if (q != 0 && use.all) atomicAdd(&st.fine[0][k >> 16], q);
-        if (q_kept != 0 && use.kept) atomicAdd(&st.fine[1][k >> 16], q_kept);
+        if (q != 0 && use.all) atomicAdd(&st.fine[0][f], q);
+        if (q_kept != 0 && use.kept) atomicAdd(&st.fine[1][f], q_kept);
         // coarse: the warp's lanes of one bucket summed first
-        const unsigned bucket = valid ? k >> 24 : 256u, peers = __match_any_sync(kFull, bucket);
+        const unsigned bucket = valid ? static_cast<unsigned>(f) >> 8 : 256u, peers = __match_any_sync(kFull, bucket);
         const unsigned long long all = peer_sum(peers, q), kept = peer_sum(peers, q_kept);
         if (bucket < 256 && lane == __ffs(static_cast<int>(peers)) - 1) {
             if (use.all && all != 0) atomicAdd(&coarse[0][bucket], all);
@@ -617,8 +635,9 @@ __device__ int32_t walk_cuts(const float* __restrict__ l, int32_t n, const unsig
     const int i = static_cast<int>(threadIdx.x);
     const bool valid = i < count;
     const unsigned long long o = valid ? sorted[i] : 0;
-    const int32_t f = static_cast<int32_t>(o >> 48);
-    const double w = valid ? weight(l[order_id(o)], mx, p.temperature) : 0.0;
+    const double d = valid ? distance(l[order_id(o)], mx, p.temperature) : 0.0;
+    const int32_t f = valid ? bucket_at(d) : -1;
+    const double w = valid ? weight_at(d) : 0.0;
     const unsigned long long q = fixed_mass(w, mass_scale(n));
     const bool kept = w >= p.min_p && w > 0.0;
     unsigned long long theta = 0, s = st.kept_total;
@@ -654,13 +673,14 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     const MassUse use(p, n);
     const bool bisect = use.top_k && !use.counts;  // (SampleMass left no plan)
     const int32_t cut_p = st.cut_p, hi = bisect ? -1 : st.draw_hi, lo = st.draw_lo;
+    const float mx = st.mx;
     unsigned long long* cand = reinterpret_cast<unsigned long long*>(a.scratch);
     __shared__ bool last;
     __shared__ unsigned n_cand;
     for_each_logit<1>(a.logits + from, min(kSpan, n - from), [&](float v, int i, bool valid) {
         if (!valid || bisect) return;
         const uint32_t k = key(v);
-        const int32_t f = static_cast<int32_t>(k >> 16);
+        const int32_t f = use.counts ? bucket_of_key(k) : bucket_at(distance(v, mx, p.temperature));
         if (use.all) st.fine[0][f] = 0;
         if (use.kept) st.fine[1][f] = 0;
         if (hi >= 0 && (f == cut_p || (f <= hi && f >= lo))) cand[atomicAdd(&st.n_cand, 1u)] = order_key(k, from + i);
@@ -676,7 +696,6 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     }
     __syncthreads();
     if (!last) return;
-    const float mx = st.mx;
     const int32_t top = st.top;
     const uint32_t u_bits = uniform_bits(p.seed, step);
     const int count = static_cast<int>(n_cand);

@@ -57,8 +57,8 @@ struct PenaltyArgs {
 };
 Launch penalize(const PenaltyArgs& a);
 
-// The draw's device memory: zero at load, and each step leaves it zero. Histograms by the top 16
-// bits of the tokens' logit keys (fine) and by the top 8 (coarse): with top-k, token counts (0);
+// The draw's device memory: zero at load, and each step leaves it zero. Histograms of the tokens by
+// bucket (sample.cu's bucket_of_key, bucket_at: 16 bits; fine) and by its top 8 (coarse): with top-k, token counts (0);
 // else fixed-point masses (sample.cu: softmax weights in units of 2^-46, coarser past 131072
 // tokens; integers, so sums are the same bits in any order) of every token (0) and of those
 // min-p keeps (1). Then what the sampler's three kernels pass on, and their counters.
