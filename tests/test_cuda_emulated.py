@@ -39,6 +39,7 @@ from test_engine import FAST_TOLERANCE, IDS, K, prompt, tiny_models  # noqa: F40
 from test_cuda_engine import write_broken_output_model
 from test_cuda_ops import K_TYPES, matmul_error, random_activations, random_weights
 from test_kernels import TYPES
+from test_sampler import ref_transform_f32
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel emulator is built on Linux")
 
@@ -67,24 +68,6 @@ def draw(emulator, tmp_path, logits, params, *, history=None, step=0, penalized=
     r = subprocess.run([str(emulator), "sample", str(tmp_path / "l.bin"), *map(str, flags)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return int(r.stdout)
-
-
-def transform32(logits, history, *, logit_bias=None, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-                penalty_last_n=64, **_):
-    """The contract's steps 1-3 in NumPy float32, each operation rounded once as the contract says."""
-    x = logits.astype(np.float32).copy()
-    for t, b in (logit_bias or {}).items():
-        x[t] = np.float32(x[t] + np.float32(b))
-    on = penalty_last_n != 0 and (repetition_penalty != 1.0 or presence_penalty != 0.0 or frequency_penalty != 0.0)
-    h = np.asarray(history, np.int64)
-    window = h if penalty_last_n == -1 else h[len(h) - min(len(h), penalty_last_n):]
-    if on:
-        rp, pp, fp = np.float32(repetition_penalty), np.float32(presence_penalty), np.float32(frequency_penalty)
-        for t, c in zip(*np.unique(window, return_counts=True)):
-            v = x[t]
-            v = np.float32(v / rp) if v > 0 else np.float32(v * rp)
-            x[t] = np.float32(v - np.float32(pp + np.float32(fp * np.float32(c))))
-    return x
 
 
 # greedy; temperature alone; top-k of up to 1024 (counted into histograms, the candidates sorted)
@@ -202,7 +185,7 @@ def test_penalize_kernel_is_the_contracts_float32(emulator, tmp_path, params):
             out = tmp_path / "p.bin"
             step = int(rng.integers(0, 1000))
             got = draw(emulator, tmp_path, l, dict(p, seed=trial), history=history, step=step, penalized=out)
-            want_l = transform32(l, history, **p)
+            want_l = ref_transform_f32(l, history, **p)
             got_l = np.fromfile(out, np.float32)
             assert np.array_equal(got_l.view(np.uint32), want_l.view(np.uint32)), \
                 f"{p} n={n} (seed {seed}): tokens {np.nonzero(got_l.view(np.uint32) != want_l.view(np.uint32))[0][:8]} differ"

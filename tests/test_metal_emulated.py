@@ -34,6 +34,7 @@ import pytest
 from edgerunner import _core, quants
 from edgerunner.model_builder import write_random_model
 from reference_forward import ReferenceModel
+from test_sampler import ref_transform_f32
 from test_engine import CASES, IDS, prompt
 from test_kernels import TYPES, random_row
 
@@ -257,27 +258,6 @@ def flags_of(params) -> list:
     return out
 
 
-def float32_bias_and_penalties(logits, history, *, logit_bias=None, repetition_penalty=1.0, presence_penalty=0.0,
-                               frequency_penalty=0.0, penalty_last_n=64, **_):
-    """The CPU contract's steps 1-3 (csrc/core/sampler.cpp) in NumPy, every operation rounded to
-    float32 once, in the contract's order: bias added; then each distinct token of the window (the
-    last penalty_last_n of the history; -1 all of it, 0 none) divided (logit > 0) or multiplied by
-    the repetition penalty and lowered by presence + frequency · count (product, sum, difference)."""
-    x = np.asarray(logits, np.float32).copy()
-    for t, b in (logit_bias or {}).items():
-        x[t] = np.float32(x[t] + np.float32(b))
-    if penalty_last_n == 0 or (repetition_penalty == 1.0 and presence_penalty == 0.0 and frequency_penalty == 0.0):
-        return x
-    h = np.asarray(history, np.int64)
-    window = h if penalty_last_n == -1 else h[max(0, len(h) - penalty_last_n):]
-    rp, pp, fp = np.float32(repetition_penalty), np.float32(presence_penalty), np.float32(frequency_penalty)
-    for t, c in zip(*np.unique(window, return_counts=True)):
-        v = x[t]
-        v = np.float32(v / rp) if v > 0 else np.float32(v * rp)
-        x[t] = np.float32(v - np.float32(pp + np.float32(fp * np.float32(c))))
-    return x
-
-
 def metal_penalized(params) -> bool:
     """metal::penalized: whether a step with these params runs penalize (bias, or penalties on)."""
     on = params.get("penalty_last_n", 64) != 0 and (params.get("repetition_penalty", 1.0) != 1.0 or
@@ -338,7 +318,7 @@ def test_penalize_kernel_is_the_contracts_float32(emulator, tmp_path, params):
             want = _core.Sampler(n, seed=trial, **p).sample(l, history, step)
             assert got == want, f"{p} n={n} trial {trial} (seed {seed}): device {got}, CPU sampler {want}"
             if runs_penalize:
-                want_l = float32_bias_and_penalties(l, history, **p)
+                want_l = ref_transform_f32(l, history, **p)
                 got_l = np.fromfile(out, np.float32)
                 differ = np.nonzero(got_l.view(np.uint32) != want_l.view(np.uint32))[0]
                 assert differ.size == 0, f"{p} n={n} trial {trial} (seed {seed}): tokens {differ[:8]} differ"

@@ -36,6 +36,25 @@ def ref_transform(logits, history=(), *, logit_bias=None, repetition_penalty=1.0
     return x
 
 
+def ref_transform_f32(logits, history, *, logit_bias=None, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+                penalty_last_n=64, **_):
+    """ref_transform as the engine computes it: in float32, each operation rounded once in the
+    contract's order (the device samplers' logits after penalize are compared with it bit for bit)."""
+    x = logits.astype(np.float32).copy()
+    for t, b in (logit_bias or {}).items():
+        x[t] = np.float32(x[t] + np.float32(b))
+    on = penalty_last_n != 0 and (repetition_penalty != 1.0 or presence_penalty != 0.0 or frequency_penalty != 0.0)
+    h = np.asarray(history, np.int64)
+    window = h if penalty_last_n == -1 else h[len(h) - min(len(h), penalty_last_n):]
+    if on:
+        rp, pp, fp = np.float32(repetition_penalty), np.float32(presence_penalty), np.float32(frequency_penalty)
+        for t, c in zip(*np.unique(window, return_counts=True)):
+            v = x[t]
+            v = np.float32(v / rp) if v > 0 else np.float32(v * rp)
+            x[t] = np.float32(v - np.float32(pp + np.float32(fp * np.float32(c))))
+    return x
+
+
 def ref_order(x):
     """Token ids by value descending, ties by id ascending."""
     return np.lexsort((np.arange(x.size), -x))
