@@ -22,6 +22,10 @@
 #   bench/h200.sh profile NAME...         where a decode step's time goes (ncu, kernels serialised: per kernel,
 #                                         bench/ncu_summary.py), then the decode GEMV's limits (ncu sections:
 #                                         DRAM vs SM throughput, occupancy) for the first 8 of a step
+#   bench/h200.sh sample-profile NAME SAMPLING  the sampler's kernels (Sample, SampleMass, SampleWalk) of
+#                                         bench/decode_once.py's draws under SAMPLING (e.g. temperature=0.8,min_p=0.05)
+#                                         under ncu, eager: time, instructions, L2 atomics, stall reasons; this build,
+#                                         then /tmp/site-base's where there is one
 #   bench/h200.sh gemv-profile NAME T N   the first N one-token staged GEMVs of type T (TensorType's number: 2 Q4_0,
 #                                         12 Q4_K, 14 Q6_K; no RoPE, no int8 output) of a decode step under ncu,
 #                                         serialised: DRAM and issue throughput, occupancy, stall reasons
@@ -135,6 +139,21 @@ case "${1:-}" in
         python3 bench/decode_once.py /tmp/m/$name.gguf eager 16 2>/dev/null |
         grep -E "GemvStaged|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Warp Cycles Per Issued" |
         sed -E 's/^ +//; s/ {2,}/ /g'
+    done ;;
+  sample-profile)
+    # the sampler's kernels (Sample, SampleMass, SampleWalk), eager, on the draws of decode_once's
+    # 4 steps under SAMPLING, for this build and /tmp/site-base: time, instructions, stalls
+    name=$2; sampling=$3
+    stalls=$(printf 'smsp__warp_issue_stalled_%s_per_warp_active.pct,' long_scoreboard lg_throttle barrier membar \
+      short_scoreboard wait math_pipe_throttle)
+    for site in /tmp/site /tmp/site-base; do
+      [ -d $site ] || continue
+      echo "== $site: $name, $sampling"
+      PYTHONPATH=$site ncu --clock-control none --kernel-name-base mangled -k "regex:Sample" --launch-skip 3 --launch-count 6 \
+        --metrics "gpu__time_duration.sum,smsp__inst_executed.sum,lts__t_requests_op_red.sum,lts__t_requests_op_atom.sum,${stalls%,}" \
+        python3 bench/decode_once.py /tmp/m/$name.gguf eager 16 "$sampling" 2>/dev/null |
+        grep -E "^  [a-zA-Z_].*\(|gpu__time|stalled|inst_executed|lts__" |
+        sed -E 's/^ +//; s/ {2,}/ /g; s/smsp__warp_issue_stalled_//; s/^void (by_[a-z]+)_bounded<unnamed>::([A-Za-z]+)>\(.*\) (\([0-9, ]+\)x\([0-9, ]+\)).*/\1 \2 \3/'
     done ;;
   gemv-profile)
     name=$2; type=$3; count=${4:-1}

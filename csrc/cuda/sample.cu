@@ -58,13 +58,13 @@ __device__ T block_sum(T v, T* shared) {
 }
 
 // f(value, id, valid) over the logits, each thread its ids in rising order, kLoads float4s (or
-// floats) in flight at once; every lane of every warp calls f equally often (valid = false past
-// the end, value -FLT_MAX), so f may use warp collectives.
-template <int kLoads = 4, typename F>
+// floats: unaligned, or kVector false) in flight at once; every lane of every warp calls f
+// equally often (valid = false past the end, value -FLT_MAX), so f may use warp collectives.
+template <int kLoads = 4, bool kVector = true, typename F>
 __device__ __forceinline__ void for_each_logit(const float* __restrict__ l, int n, F f) {
     const int t = static_cast<int>(threadIdx.x);
     int from = 0;
-    if (reinterpret_cast<uintptr_t>(l) % 16 == 0) {
+    if (kVector && reinterpret_cast<uintptr_t>(l) % 16 == 0) {
         const float4* l4 = reinterpret_cast<const float4*>(l);
         const int n4 = n / 4;
         for (int base = 0; base < n4; base += kLoads * kThreads) {
@@ -472,7 +472,11 @@ __device__ void Sample::run(const SampleArgs& a) {
 }
 
 // ---- the draw over the GPU: SampleMass, then SampleWalk ---------------------------------------
-constexpr int kSpan = kThreads * 4;  // their tokens a block: a float4 a thread
+// Their tokens a block: a float a thread. Their per-token work (float64 weights, scattered adds)
+// is bound by instructions, so it is spread over a block per 1024 tokens (126 SMs at 128k); at
+// 4096 a block, 32 SMs did it and a draw cost ~25 us more a token (H100, 8B with min-p).
+constexpr int kSpan = kThreads;
+constexpr int kFewBuckets = 4;  // SampleMass: up to this many coarse buckets in a warp, summed bucket by bucket
 
 // What the histograms hold for a step: with top-k, token counts (histogram 0); else masses, every
 // token's (0: top-p's) and the kept tokens' (1: the draw's; histogram 0 serves where min-p is off,
@@ -557,19 +561,26 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     __shared__ bool last;
     for (int i = threadIdx.x; i < 2 * 256; i += kThreads) coarse[i / 256][i % 256] = 0;
     __syncthreads();
-    for_each_logit<1>(a.logits + from, min(kSpan, n - from), [&](float v, int, bool valid) {
+    for_each_logit<1, false>(a.logits + from, min(kSpan, n - from), [&](float v, int, bool valid) {
         const double d = valid && !use.counts ? distance(v, mx, t) : 0.0;
         const int32_t f = !valid ? 0 : use.counts ? bucket_of_key(key(v)) : bucket_at(d);
         const double w = valid && !use.counts ? weight_at(d) : 0.0;
         const unsigned long long q = use.counts ? valid : fixed_mass(w, scale), q_kept = w >= min_w ? q : 0;
         if (q != 0 && use.all) atomicAdd(&st.fine[0][f], q);
         if (q_kept != 0 && use.kept) atomicAdd(&st.fine[1][f], q_kept);
-        // coarse: the warp's lanes of one bucket summed first
+        // coarse: where the warp's tokens fall in a few buckets, each bucket's lanes summed first (a
+        // pass per bucket); else each lane adds its own (the shared 64-bit add is a compare-and-swap loop)
         const unsigned bucket = valid ? static_cast<unsigned>(f) >> 8 : 256u, peers = __match_any_sync(kFull, bucket);
-        const unsigned long long all = peer_sum(peers, q), kept = peer_sum(peers, q_kept);
-        if (bucket < 256 && lane == __ffs(static_cast<int>(peers)) - 1) {
-            if (use.all && all != 0) atomicAdd(&coarse[0][bucket], all);
-            if (use.kept && kept != 0) atomicAdd(&coarse[1][bucket], kept);
+        const bool leader = lane == __ffs(static_cast<int>(peers)) - 1;
+        if (__popc(__ballot_sync(kFull, leader)) <= kFewBuckets) {
+            const unsigned long long all = peer_sum(peers, q), kept = peer_sum(peers, q_kept);
+            if (bucket < 256 && leader) {
+                if (use.all && all != 0) atomicAdd(&coarse[0][bucket], all);
+                if (use.kept && kept != 0) atomicAdd(&coarse[1][bucket], kept);
+            }
+        } else if (bucket < 256) {
+            if (use.all && q != 0) atomicAdd(&coarse[0][bucket], q);
+            if (use.kept && q_kept != 0) atomicAdd(&coarse[1][bucket], q_kept);
         }
     });
     __syncthreads();
@@ -658,10 +669,19 @@ __device__ int32_t walk_cuts(const float* __restrict__ l, int32_t n, const unsig
     return at < count ? order_id(sorted[at]) : -1;
 }
 
-// The tokens of the cuts' buckets collected (their order keys, into the scratch; each token's
-// buckets zeroed on the way, for the next step), then in the last block sorted and walked
-// (walk_top_k, walk_cuts). More candidates than one block sorts (many equal logits), or top-k
-// over 1024: sample_top_k, draw_by_bisection.
+// A histogram's entries zeroed, this block's 1/gridDim share of them, in coalesced 16-byte stores
+// (rather than a store per token to its scattered bucket).
+__device__ void zero_share(unsigned long long* h) {
+    constexpr int kPairs = 65536 / 2;
+    const int per = (kPairs + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
+    const int from = static_cast<int>(blockIdx.x) * per, to = min(kPairs, from + per);
+    uint4* h2 = reinterpret_cast<uint4*>(h);
+    for (int i = from + static_cast<int>(threadIdx.x); i < to; i += kThreads) h2[i] = make_uint4(0u, 0u, 0u, 0u);
+}
+
+// The tokens of the cuts' buckets collected (their order keys, into the scratch), then in the
+// last block sorted and walked (walk_top_k, walk_cuts). More candidates than one block sorts
+// (many equal logits), or top-k over 1024: sample_top_k, draw_by_bisection.
 __device__ void SampleWalk::run(const SampleArgs& a) {
     allow_next();
     const DeviceSampling p = *a.params;
@@ -677,12 +697,14 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     unsigned long long* cand = reinterpret_cast<unsigned long long*>(a.scratch);
     __shared__ bool last;
     __shared__ unsigned n_cand;
-    for_each_logit<1>(a.logits + from, min(kSpan, n - from), [&](float v, int i, bool valid) {
+    if (!bisect) {  // the histograms zeroed for the next step (SampleMass read them): the block's share
+        if (use.all) zero_share(st.fine[0]);
+        if (use.kept) zero_share(st.fine[1]);
+    }
+    for_each_logit<1, false>(a.logits + from, min(kSpan, n - from), [&](float v, int i, bool valid) {
         if (!valid || bisect) return;
         const uint32_t k = key(v);
         const int32_t f = use.counts ? bucket_of_key(k) : bucket_at(distance(v, mx, p.temperature));
-        if (use.all) st.fine[0][f] = 0;
-        if (use.kept) st.fine[1][f] = 0;
         if (hi >= 0 && (f == cut_p || (f <= hi && f >= lo))) cand[atomicAdd(&st.n_cand, 1u)] = order_key(k, from + i);
     });
     __threadfence();
