@@ -314,13 +314,14 @@ def test_cuda_dispatch_modes_give_identical_logits(tmp_path):
         assert d == drawn[0]
 
 
-# greedy; temperature alone (every token a candidate); top-k up to 1024 (counted into histograms,
-# the candidates sorted and walked as the CPU walks them) with top-p and min-p; k = 1025 (one block
+# greedy; temperature alone (every token a candidate); top-k up to 4096 (counted into histograms,
+# the candidates sorted and walked as the CPU walks them) with top-p and min-p; k = 6000 (one block
 # bisects); top-p, min-p, both, and top-k past the vocabulary (masses into histograms); then bias
 # and penalties (the penalize kernel before the sampler, over the token history the embedding
 # keeps on the device: the prompt's and the draws')
 SAMPLING = [dict(), dict(temperature=0.8), dict(temperature=0.8, top_k=40), dict(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05),
-            dict(temperature=0.7, top_k=1024), dict(temperature=1.2, top_k=1025), dict(temperature=0.9, top_p=0.8),
+            dict(temperature=0.7, top_k=1024), dict(temperature=1.2, top_k=1025), dict(temperature=0.9, top_k=4096, top_p=0.9),
+            dict(temperature=0.9, top_p=0.8),
             dict(temperature=1.5, min_p=0.1), dict(temperature=1.1, top_p=0.7, min_p=0.02), dict(temperature=0.6, top_k=6000, top_p=0.95),
             dict(repetition_penalty=1.5),
             dict(temperature=0.9, top_k=40, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2, penalty_last_n=8),
@@ -348,10 +349,10 @@ def test_cuda_sampling_matches_the_cpu_sampler(tmp_path, params):
 
 
 @pytest.mark.parametrize("params", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.95), dict(temperature=1.3, top_p=0.9, min_p=0.01),
-                                    dict(temperature=0.8, top_k=40, top_p=0.9)],
+                                    dict(temperature=0.8, top_k=40, top_p=0.9), dict(temperature=0.8, top_k=2000, top_p=0.95)],
                          ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
 def test_cuda_draws_match_the_cpu_sampler_at_128k(tmp_path, params):
-    """Draws at Llama 3's vocabulary (128256 tokens: 32 blocks of SampleMass's histograms merged
+    """Draws at Llama 3's vocabulary (128256 tokens: 126 blocks of SampleMass's histograms merged
     by atomics, SampleWalk's candidates gathered from all of them): 32 draws of a chained
     generation, each the CPU sampler's on that step's logits (a second session stepped with the
     same tokens)."""

@@ -8,15 +8,15 @@
 // top-k, top-p and the draw each become a search for where a count or a sum over that prefix
 // crosses its target, in two more kernels that spread the search over the GPU:
 //  - SampleMass sums every token into histograms of 65536 buckets (with top-k (up to
-//    1024) by the top 16 bits of its logit's key, and token counts; else by its distance below
+//    4096) by the top 16 bits of its logit's key, and token counts; else by its distance below
 //    the largest logit, and its softmax weight in fixed point: every token's, and min-p's kept
 //    ones'). Its last block finds the buckets the cuts fall in.
 //  - SampleWalk collects the tokens of those buckets (with top-k: every token from top-k's bucket
-//    up), and its last block sorts them (at most 1024) and walks them: top-k's walk is the CPU's,
-//    sum for sum (walk_top_k); without top-k, top-p's and the draw's ends come from block-wide
-//    prefix sums of the fixed-point masses (walk_cuts).
-//  - Otherwise (top-k over 1024; more candidates than a block sorts, as with many equal logits)
-//    SampleWalk's last block searches alone: top-k by a radix search of the counts
+//    up), and its last block sorts them (top-k's up to 4096, else 1024) and walks them: top-k's
+//    walk is the CPU's, sum for sum (walk_top_k); without top-k, top-p's and the draw's ends come
+//    from block-wide prefix sums of the fixed-point masses (walk_cuts).
+//  - Otherwise (top-k over 4096; more candidates than a block sorts, as with many equal logits)
+//    SampleWalk's last block searches alone: top-k (up to 1024) by a radix search of the counts
 //    (sample_top_k), else each cut by bisection over the logit keys and, among tokens tied at the
 //    key found, by rank in id order (draw_by_bisection).
 // Equal logits are walked in id order, as the CPU sampler walks them.
@@ -109,8 +109,8 @@ __device__ __forceinline__ void emit(const SampleArgs& a, int32_t token) {
     if (a.out_host) __threadfence_system();
 }
 
-// Sorts cand[0, count) (count <= kThreads, in shared memory with room for the next power of two)
-// into descending order: a bitonic sort, block-wide, the tail padded with zeros.
+// Sorts cand[0, count) (in shared memory with room for the next power of two) into descending
+// order: a bitonic sort, block-wide (each thread its pairs), the tail padded with zeros.
 __device__ void sort_descending(unsigned long long* cand, int count) {
     int size = 1;
     while (size < count) size *= 2;
@@ -119,8 +119,8 @@ __device__ void sort_descending(unsigned long long* cand, int count) {
     for (int width = 2; width <= size; width *= 2)
         for (int stride = width / 2; stride > 0; stride /= 2) {
             __syncthreads();
-            const int i = threadIdx.x, j = i ^ stride;
-            if (i < size && j > i) {
+            for (int t = threadIdx.x; t < size / 2; t += kThreads) {  // pair t: i with i + stride
+                const int i = 2 * t - (t & (stride - 1)), j = i + stride;
                 const unsigned long long x = cand[i], y = cand[j];
                 if (((i & width) == 0) == (x < y)) cand[i] = y, cand[j] = x;
             }
@@ -306,15 +306,16 @@ __device__ int32_t draw_by_bisection(const float* __restrict__ l, int32_t n, con
     return order_id(cut_by_bisection(l, n, floor, kept, [&](unsigned long long c) { return c > target; }));
 }
 
-constexpr int kMaxCandidates = 1024;  // the tokens a block sorts
+constexpr int kMaxCandidates = 1024;  // the tokens a block walks one a thread (walk_cuts, sample_top_k)
+constexpr int kMaxTopK = 4096;        // top-k's candidates a block sorts and walks (SampleWalk)
 
 // The CPU sampler's walk over the k best tokens, cand[0, k) in the contract's order (k = p.top_k
-// <= kMaxCandidates): softmax weights, top-p prefix, min-p suffix, the draw, summed in its order
-// by one thread (thread 0's answer).
-__device__ int32_t walk_top_k(const float* __restrict__ l, const unsigned long long* cand, const DeviceSampling& p, double u, float mx) {
-    __shared__ double wk[kMaxCandidates];
+// <= kMaxTopK): softmax weights (into wk, k doubles of global scratch), top-p prefix, min-p
+// suffix, the draw, summed in its order by one thread (thread 0's answer).
+__device__ int32_t walk_top_k(const float* __restrict__ l, const unsigned long long* cand, const DeviceSampling& p, double u, float mx,
+                              double* wk) {
     const int k = p.top_k;
-    if (static_cast<int>(threadIdx.x) < k) wk[threadIdx.x] = weight(l[order_id(cand[threadIdx.x])], mx, p.temperature);
+    for (int i = threadIdx.x; i < k; i += kThreads) wk[i] = weight(l[order_id(cand[i])], mx, p.temperature);
     __syncthreads();
     if (threadIdx.x != 0) return 0;
     double z = 0.0;
@@ -350,7 +351,7 @@ __device__ int32_t walk_top_k(const float* __restrict__ l, const unsigned long l
 // first k walked as the CPU walks them (walk_top_k). Returns the token, or -1 when ties at θ make
 // more candidates than fit (the caller then takes the general path).
 
-__device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const DeviceSampling& p, double u, float mx) {
+__device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const DeviceSampling& p, double u, float mx, double* wk) {
     __shared__ int hist[256];
     __shared__ uint32_t s_prefix;
     __shared__ int s_above, n_cand;
@@ -399,7 +400,7 @@ __device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const De
         if (valid && key(v) >= prefix) cand[atomicAdd(&n_cand, 1)] = order_key(key(v), i);
     });
     sort_descending(cand, count);
-    return walk_top_k(l, cand, p, u, mx);
+    return walk_top_k(l, cand, p, u, mx, wk);
 }
 
 __device__ void Sample::run(const SampleArgs& a) {
@@ -480,12 +481,12 @@ constexpr int kFewBuckets = 4;  // SampleMass: up to this many coarse buckets in
 
 // What the histograms hold for a step: with top-k, token counts (histogram 0); else masses, every
 // token's (0: top-p's) and the kept tokens' (1: the draw's; histogram 0 serves where min-p is off,
-// as tokens with w = 0 weigh 0). top_k > kMaxCandidates: nothing (the last block bisects).
+// as tokens with w = 0 weigh 0). top_k > kMaxTopK: nothing (the last block bisects).
 struct MassUse {
     bool top_k, counts, all, kept;
     __device__ MassUse(const DeviceSampling& p, int32_t n)
         : top_k(p.top_k > 0 && p.top_k < n),
-          counts(top_k && p.top_k <= kMaxCandidates),
+          counts(top_k && p.top_k <= kMaxTopK),
           all(counts || (!top_k && (p.top_p < 1.0f || p.min_p <= 0.0f))),
           kept(!top_k && p.min_p > 0.0f) {}
     __device__ int kept_index() const { return kept ? 1 : 0; }
@@ -681,7 +682,7 @@ __device__ void zero_share(unsigned long long* h) {
 
 // The tokens of the cuts' buckets collected (their order keys, into the scratch), then in the
 // last block sorted and walked (walk_top_k, walk_cuts). More candidates than one block sorts
-// (many equal logits), or top-k over 1024: sample_top_k, draw_by_bisection.
+// (many equal logits), or top-k over 4096: sample_top_k (k up to 1024), draw_by_bisection.
 __device__ void SampleWalk::run(const SampleArgs& a) {
     allow_next();
     const DeviceSampling p = *a.params;
@@ -722,14 +723,15 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     const uint32_t u_bits = uniform_bits(p.seed, step);
     const int count = static_cast<int>(n_cand);
     int32_t token = -1;
-    __shared__ unsigned long long sorted[kMaxCandidates];
-    if (count <= kMaxCandidates && hi >= 0) {
-        if (static_cast<int>(threadIdx.x) < count) sorted[threadIdx.x] = __ldcg(cand + threadIdx.x);
+    __shared__ unsigned long long sorted[kMaxTopK];
+    double* wk = reinterpret_cast<double*>(cand);  // (walk_top_k's weights: the candidates are in `sorted` by then)
+    if (count <= (use.top_k ? kMaxTopK : kMaxCandidates) && hi >= 0) {
+        for (int i = threadIdx.x; i < count; i += kThreads) sorted[i] = __ldcg(cand + i);
         sort_descending(sorted, count);
-        token = use.top_k ? walk_top_k(a.logits, sorted, p, u_bits * 0x1.0p-24, mx)  // (at least k: every token from its bucket up)
+        token = use.top_k ? walk_top_k(a.logits, sorted, p, u_bits * 0x1.0p-24, mx, wk)  // (at least k: every token from its bucket up)
                           : walk_cuts(a.logits, n, sorted, count, st, p, u_bits, mx);
     }
-    if (token < 0 && use.counts) token = sample_top_k(a.logits, n, p, u_bits * 0x1.0p-24, mx);
+    if (token < 0 && use.counts && p.top_k <= kMaxCandidates) token = sample_top_k(a.logits, n, p, u_bits * 0x1.0p-24, mx, wk);
     if (token < 0) token = draw_by_bisection(a.logits, n, p, u_bits, mx, top, cand);
     if (threadIdx.x == 0) {
         st.active = 0;
