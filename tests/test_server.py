@@ -144,7 +144,11 @@ def test_a_client_that_leaves_mid_stream_frees_the_model(served):
     with socket.create_connection((host, port), timeout=60) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        assert b"data: " in s.recv(4096)
+        got = b""
+        while b"data: " not in got:  # (the headers may come in a segment of their own)
+            chunk = s.recv(4096)
+            assert chunk, f"the connection closed before the first event: {got!r}"
+            got += chunk
     want = served.model.chat(MESSAGES, max_tokens=6, temperature=0)
     status, _, payload = request(served, "POST", "/v1/chat/completions", dict(messages=MESSAGES, max_tokens=6, temperature=0))
     assert status == 200 and json.loads(payload)["choices"][0]["message"]["content"] == want
