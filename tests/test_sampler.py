@@ -237,6 +237,33 @@ def test_draws_follow_the_contract_token_for_token(params, shape):
         assert s.sample(x, [], step) == ref_draw(ref, 99, step, **params), step
 
 
+@pytest.mark.parametrize("params", [dict(temperature=0.8), dict(temperature=0.8, top_p=0.9), dict(temperature=0.8, min_p=0.05),
+                                    dict(temperature=1.1, top_p=0.7, min_p=0.02), dict(temperature=0.05, top_p=0.95)])
+def test_draws_at_a_large_flat_vocabulary_follow_the_contract(params):
+    """128256 tokens as flat as a random-weight Llama's last logits (std 0.93), a tenth of them
+    tied at five quantiles, some banned: the walks without top-k end in crowded buckets of the
+    distance below the largest logit (hundreds of tokens each) and inside groups of equal logits
+    (walked in id order). At T = 0.05 most tokens lie past the buckets' range (d >= 40)."""
+    n = 128256
+    rng = np.random.default_rng(8)
+    x = f32(rng.normal(4.3, 0.93, n))
+    for q in (0.3, 0.5, 0.7, 0.9, 0.99):
+        x[rng.choice(n, n // 50, replace=False)] = np.quantile(x, q)
+    x[rng.integers(0, n, 100)] = -np.inf
+    ref = x.astype(np.float64)
+    order, p = ref_kept(ref, **params)
+    s = _core.Sampler(n, **params, seed=5)
+    tied = 0
+    for step in range(40):
+        u = ref_uniform(5, step)
+        cum = np.cumsum(p)
+        want = int(order[np.nonzero(cum > u * cum[-1])[0][0]])
+        assert s.sample(x, [], step) == want, step
+        tied += np.count_nonzero(x == x[want]) > 1
+    if params["temperature"] > 0.5:
+        assert tied >= 2, f"only {tied} of 40 draws landed on a tied logit"
+
+
 def test_rng_is_the_documented_splitmix64():
     for seed, step in [(0, 0), (1, 0), (0, 1), (12345, 678), (MASK64, MASK64), (2**63, 5)]:
         assert _core.Sampler.uniform(seed, step) == ref_uniform(seed, step)

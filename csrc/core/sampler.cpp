@@ -27,17 +27,21 @@
 //  - Bias and penalties: a copy of the logits plus O(|bias| + |W|); no copy when both are off.
 //  - Greedy: one pass over the logits.
 //  - top-k: one pass keeping a k-heap (k <= n/8) or nth_element over all ids; then sort k.
-//  - No top-k: a max pass and an exp pass (Z, and the mass that min-p keeps). The walk needs
-//    mass R out of available mass A (top-p: R = top_p * Z of A = Z; otherwise the draw:
-//    R = u * S of A = S), so only tokens with w >= (A - R) / (2n) are collected: the others
-//    together weigh less than (A - R) / 2. Those are sorted lazily, in doubling chunks
-//    (nth_element, then sort of the chunk), only as far as the walk goes. If rounding ever
-//    exhausts the collected set first, the walk is redone over every token with w > 0.
+//  - No top-k: a max pass, then an exp pass that puts each token in a bucket of its distance
+//    below the largest logit, d = (l_max - l) / T (up to 8192 buckets over d < 40, the rest in
+//    the last), summing each bucket's w (every token's, and min-p's kept ones'). Equal logits
+//    share a bucket and higher logits never come in a later one, so the walks of steps 7 and 10
+//    step over whole buckets by their sums and sort (by step 5's order) only the bucket where
+//    each ends: top-p's end, then the draw. Sums are float64 as the contract's, summed bucket by
+//    bucket rather than token by token, so a draw can differ from a strictly sequential sum only
+//    where u * S falls within a few float64 roundings of a token's edge. Was: the tokens sorted
+//    as far as each walk went (8-16 ms at 128k tokens, 2-core VM; now ~2 ms, bench/NOTES.md).
 #include "edgerunner/sampler.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -129,6 +133,10 @@ Sampler::Sampler(int32_t n_vocab, SamplingParams params) : n_vocab_(n_vocab), pa
     work_.resize(n);
     order_.resize(n);
     probs_.resize(n);
+    bucket_.resize(n);
+    const size_t n_buckets = std::clamp<size_t>(n / 16, 64, kMaxBuckets);
+    all_.resize(n_buckets);
+    kept_.resize(n_buckets);
     counts_.assign(penalties_on_ ? n : 0, 0);
 }
 
@@ -252,29 +260,44 @@ int32_t Sampler::sample_top_k(const float* l, size_t k, double u) {
     return ids[m - 1];
 }
 
-// Collects into order_ the ids with w >= threshold and w > 0 (probs_ holds w by id); returns
-// how many.
-size_t Sampler::collect(double threshold) {
-    const size_t n = probs_.size();
-    const double* w = probs_.data();
+// The tokens of bucket b, sorted into the contract's order, in order_[0, count) (kept from the
+// last call where it was the same bucket).
+size_t Sampler::sorted_bucket(const float* l, int32_t b) {
+    if (b == sorted_bucket_) return sorted_count_;
+    const size_t n = bucket_.size();
+    const uint16_t* of = bucket_.data();
     int32_t* ids = order_.data();
     size_t m = 0;
-    for (size_t i = 0; i < n; ++i)
-        if (w[i] >= threshold && w[i] > 0.0) ids[m++] = static_cast<int32_t>(i);
-    return m;
+    for (size_t i = 0; i < n; ++i) ids[m] = static_cast<int32_t>(i), m += of[i] == b;
+    std::sort(ids, ids + m, Better{l});
+    sorted_bucket_ = b;
+    return sorted_count_ = m;
 }
 
-// order_[0, sorted) holds the best `sorted` of the n candidates, in order; extends it to `want`.
-void Sampler::extend_sorted(const float* l, size_t& sorted, size_t want, size_t n) {
-    want = std::min(want, n);
-    int32_t* ids = order_.data();
-    const Better better{l};
-    if (want < n) std::nth_element(ids + sorted, ids + want, ids + n, better);
-    std::sort(ids + sorted, ids + want, better);
-    sorted = want;
+// The walk over the tokens in the contract's order, token by token, adding value(id) to a running
+// total from `cum` until pass(total) holds, at the first token of bucket `from` on and not past
+// position `end` of bucket `last` (the whole bucket where end is SIZE_MAX). Whole buckets are
+// stepped over by their mass (sum[b]: value summed over the bucket's tokens) where passing is not
+// within them; only the bucket where it is gets sorted. The bucket and position of the token it
+// passes at, or bucket -1 where rounding left it short (the walk then ran to the end).
+template <typename Value, typename Pass>
+Sampler::Place Sampler::walk(const float* l, const double* sum, double cum, int32_t last, size_t end, Value value, Pass pass) {
+    for (int32_t b = 0; b <= last; ++b) {
+        if (sum[b] == 0.0) continue;
+        const bool part = b == last && end != SIZE_MAX;  // (a prefix of the bucket: its mass does not tell)
+        if (!part && !pass(cum + sum[b])) {
+            cum += sum[b];
+            continue;
+        }
+        const size_t m = std::min(sorted_bucket(l, b), part ? end + 1 : SIZE_MAX);
+        for (size_t i = 0; i < m; ++i)
+            if (pass(cum += value(order_[i]))) return Place{b, i};
+    }
+    return Place{-1, 0};
 }
 
-// No top-k: softmax over the whole vocabulary, then a lazily sorted walk (see the header comment).
+// No top-k: softmax over the whole vocabulary into buckets of the distance below the largest
+// logit, then walks that sort only the buckets where they end (see the header comment).
 int32_t Sampler::sample_full(const float* l, double u) {
     const size_t n = probs_.size();
     float l_max = -std::numeric_limits<float>::infinity();
@@ -285,46 +308,53 @@ int32_t Sampler::sample_full(const float* l, double u) {
     if (l_max == -std::numeric_limits<float>::infinity()) throw_all_banned();
 
     const double t = params_.temperature, min_w = params_.min_p, lm = l_max;
+    const int32_t n_buckets = static_cast<int32_t>(all_.size());
+    const double per_t = n_buckets / kBucketRange;  // buckets a unit of d
     double* w = probs_.data();  // indexed by token id here
-    double z = 0.0, z_min_p = 0.0;
+    uint16_t* of = bucket_.data();
+    std::fill(all_.begin(), all_.end(), 0.0);
+    std::fill(kept_.begin(), kept_.end(), 0.0);
     for (size_t i = 0; i < n; ++i) {
-        const double wi = l[i] == l_max ? 1.0 : std::exp((l[i] - lm) / t);
+        const double d = (lm - l[i]) / t;  // (l - l_max) / T is -d, bit for bit
+        const double wi = l[i] == l_max ? 1.0 : std::exp(-d);
+        const int32_t b = d < kBucketRange ? std::min(static_cast<int32_t>(d * per_t), n_buckets - 1) : n_buckets - 1;
         w[i] = wi;
-        z += wi;
-        if (wi >= min_w) z_min_p += wi;
+        of[i] = static_cast<uint16_t>(b);
+        all_[b] += wi;
+        if (wi >= min_w && wi > 0.0) kept_[b] += wi;
     }
+    sorted_bucket_ = -1;
+    const auto all = [&](int32_t id) { return w[id]; };
+    const auto kept = [&](int32_t id) { return w[id] >= min_w && w[id] > 0.0 ? w[id] : 0.0; };
 
-    const bool top_p = params_.top_p < 1.0f;
-    // Mass the walk must reach, out of the mass available to it.
-    const double available = top_p ? z : z_min_p;
-    const double need = top_p ? params_.top_p * z : u * z_min_p;
-    double threshold = std::max(0.5 * (available - need) / static_cast<double>(n), min_w);
-    for (;;) {
-        const size_t m = collect(threshold);
-        size_t sorted = 0, i = 0;
-        double cum = 0.0;
-        for (; i < m; ++i) {
-            if (i == sorted) extend_sorted(l, sorted, std::max<size_t>(2 * sorted, 64), m);
-            cum += w[order_[i]];
-            if (top_p ? cum >= need : cum > need) break;
-        }
-        if (i == m && threshold > min_w) {  // rounding exhausted the collected set: take every token
-            threshold = min_w;
-            continue;
-        }
-        if (!top_p) return order_[std::min(i, m - 1)];
-        // top-p: order_[0, kept) is the nucleus after min-p, already sorted; draw from it.
-        const size_t kept = std::min(i + 1, m);
-        double s = 0.0;
-        for (size_t j = 0; j < kept; ++j) s += w[order_[j]];
-        const double target = u * s;
-        double c = 0.0;
-        for (size_t j = 0; j < kept; ++j) {
-            c += w[order_[j]];
-            if (c > target) return order_[j];
-        }
-        return order_[kept - 1];
+    // top-p: the nucleus ends at the first token whose cumulative w reaches top_p · Z
+    int32_t last = n_buckets - 1;
+    size_t end = SIZE_MAX;
+    double s = 0.0;  // the kept mass of the nucleus (S)
+    if (params_.top_p < 1.0f) {
+        double z = 0.0;
+        for (double m : all_) z += m;
+        const double need = params_.top_p * z;
+        const Place e = walk(l, all_.data(), 0.0, n_buckets - 1, SIZE_MAX, all, [&](double c) { return c >= need; });
+        if (e.bucket >= 0) last = e.bucket, end = e.pos;  // (else rounding: every token)
+        for (int32_t b = 0; b < last; ++b) s += kept_[b];
+        if (end == SIZE_MAX) s += kept_[last];
+        else if (sorted_bucket(l, last) > end)  // (sorted by the walk: order_ holds it)
+            for (size_t i = 0; i <= end; ++i) s += kept(order_[i]);
+    } else {
+        for (double m : kept_) s += m;
     }
+    // the draw: the first kept token of the nucleus whose cumulative w exceeds u · S
+    const double target = u * s;
+    const Place d = walk(l, kept_.data(), 0.0, last, end, kept, [&](double c) { return c > target; });
+    if (d.bucket >= 0) return order_[d.pos];
+    // rounding left none: the nucleus's last kept token (kept tokens are a prefix of the order)
+    int32_t b = last;
+    while (b > 0 && kept_[b] == 0.0) --b;
+    const size_t m = std::min(sorted_bucket(l, b), b == last && end != SIZE_MAX ? end + 1 : SIZE_MAX);
+    size_t i = 0;
+    while (i + 1 < m && kept(order_[i + 1]) > 0.0) ++i;
+    return order_[i];
 }
 
 }  // namespace edgerunner

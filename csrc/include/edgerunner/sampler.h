@@ -48,8 +48,17 @@ private:
     const float* apply_bias_and_penalties(const float* logits, const int32_t* history, size_t n_history);
     int32_t sample_top_k(const float* l, size_t k, double u);
     int32_t sample_full(const float* l, double u);
-    size_t collect(double threshold);
-    void extend_sorted(const float* l, size_t& sorted, size_t want, size_t n);
+    // The no-top-k path's walks (sampler.cpp): a token's place in the contract's order, as its
+    // bucket and its position among that bucket's tokens sorted.
+    struct Place {
+        int32_t bucket;
+        size_t pos;
+    };
+    static constexpr size_t kMaxBuckets = 8192;  // buckets of d = (l_max - l) / T, over [0, kBucketRange)
+    static constexpr double kBucketRange = 40.0;  // (past it, the last bucket: e^-40 ≈ 4e-18 a token)
+    size_t sorted_bucket(const float* l, int32_t b);
+    template <typename Value, typename Pass>
+    Place walk(const float* l, const double* sum, double cum, int32_t last, size_t end, Value value, Pass pass);
 
     int32_t n_vocab_;
     SamplingParams params_;
@@ -59,6 +68,10 @@ private:
     std::vector<float> work_;      // logits after bias and penalties
     std::vector<int32_t> order_;   // candidate token ids, best first once sorted
     std::vector<double> probs_;    // unnormalized weights exp((l - l_max) / T)
+    std::vector<uint16_t> bucket_;  // no top-k: each token's bucket of d = (l_max - l) / T
+    std::vector<double> all_, kept_;  // the buckets' w summed: every token's, and min-p's kept ones'
+    int32_t sorted_bucket_ = -1;    // the bucket whose tokens order_ holds sorted (-1: none)
+    size_t sorted_count_ = 0;
     std::vector<int32_t> counts_;  // per-token counts over the penalty window; all zero between calls
 };
 
