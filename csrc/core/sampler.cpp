@@ -274,14 +274,14 @@ size_t Sampler::sorted_bucket(const float* l, int32_t b) {
     return sorted_count_ = m;
 }
 
-// The walk over the tokens in the contract's order, token by token, adding value(id) to a running
-// total from `cum` until pass(total) holds, at the first token of bucket `from` on and not past
-// position `end` of bucket `last` (the whole bucket where end is SIZE_MAX). Whole buckets are
-// stepped over by their mass (sum[b]: value summed over the bucket's tokens) where passing is not
-// within them; only the bucket where it is gets sorted. The bucket and position of the token it
-// passes at, or bucket -1 where rounding left it short (the walk then ran to the end).
+// The walk over the tokens in the contract's order, adding value(id) to a running total from 0
+// until pass(total) holds, up to position `end` of bucket `last` (the whole bucket where end is
+// SIZE_MAX). Whole buckets are stepped over by their sums (sum[b]: value over the bucket's tokens)
+// where passing is not within them; only the bucket where it is gets sorted and walked token by
+// token. The place of the token it passes at, or bucket -1 where rounding left it short.
 template <typename Value, typename Pass>
-Sampler::Place Sampler::walk(const float* l, const double* sum, double cum, int32_t last, size_t end, Value value, Pass pass) {
+Sampler::Place Sampler::walk(const float* l, const double* sum, int32_t last, size_t end, Value value, Pass pass) {
+    double cum = 0.0;
     for (int32_t b = 0; b <= last; ++b) {
         if (sum[b] == 0.0) continue;
         const bool part = b == last && end != SIZE_MAX;  // (a prefix of the bucket: its mass does not tell)
@@ -335,18 +335,21 @@ int32_t Sampler::sample_full(const float* l, double u) {
         double z = 0.0;
         for (double m : all_) z += m;
         const double need = params_.top_p * z;
-        const Place e = walk(l, all_.data(), 0.0, n_buckets - 1, SIZE_MAX, all, [&](double c) { return c >= need; });
+        const Place e = walk(l, all_.data(), n_buckets - 1, SIZE_MAX, all, [&](double c) { return c >= need; });
         if (e.bucket >= 0) last = e.bucket, end = e.pos;  // (else rounding: every token)
         for (int32_t b = 0; b < last; ++b) s += kept_[b];
-        if (end == SIZE_MAX) s += kept_[last];
-        else if (sorted_bucket(l, last) > end)  // (sorted by the walk: order_ holds it)
+        if (end == SIZE_MAX) {
+            s += kept_[last];
+        } else {
+            sorted_bucket(l, last);  // (the walk's last: order_ holds it)
             for (size_t i = 0; i <= end; ++i) s += kept(order_[i]);
+        }
     } else {
         for (double m : kept_) s += m;
     }
     // the draw: the first kept token of the nucleus whose cumulative w exceeds u · S
     const double target = u * s;
-    const Place d = walk(l, kept_.data(), 0.0, last, end, kept, [&](double c) { return c > target; });
+    const Place d = walk(l, kept_.data(), last, end, kept, [&](double c) { return c > target; });
     if (d.bucket >= 0) return order_[d.pos];
     // rounding left none: the nucleus's last kept token (kept tokens are a prefix of the order)
     int32_t b = last;

@@ -58,7 +58,7 @@ private:
     static constexpr double kBucketRange = 40.0;  // (past it, the last bucket: e^-40 ≈ 4e-18 a token)
     size_t sorted_bucket(const float* l, int32_t b);
     template <typename Value, typename Pass>
-    Place walk(const float* l, const double* sum, double cum, int32_t last, size_t end, Value value, Pass pass);
+    Place walk(const float* l, const double* sum, int32_t last, size_t end, Value value, Pass pass);
 
     int32_t n_vocab_;
     SamplingParams params_;
