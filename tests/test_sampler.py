@@ -225,8 +225,9 @@ def test_empirical_distribution_matches_reference(params):
 @pytest.mark.parametrize("params", DIST_CASES + [dict(temperature=1.0, top_p=0.999, min_p=0.001)])
 @pytest.mark.parametrize("shape", ["peaked", "flat"])
 def test_draws_follow_the_contract_token_for_token(params, shape):
-    """The RNG and draw rule reproduced in Python give the same tokens: large vocab exercises the
-    lazy partial sort and the candidate threshold of the no-top-k path."""
+    """The RNG and draw rule reproduced in Python give the same tokens: a large vocabulary puts
+    many tokens in each bucket the no-top-k walks step over, and peaked logits many past the
+    buckets' range."""
     n = 20000
     rng = np.random.default_rng(3)
     x = f32(rng.normal(size=n) * (6.0 if shape == "peaked" else 0.5))
