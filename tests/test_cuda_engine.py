@@ -330,9 +330,9 @@ SAMPLING = [dict(), dict(temperature=0.8), dict(temperature=0.8, top_k=40), dict
 
 @pytest.mark.parametrize("params", SAMPLING, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "greedy")
 def test_cuda_sampling_matches_the_cpu_sampler(tmp_path, params):
-    """Each token drawn on the device (at the end of a decode step) is the one the CPU sampler
-    draws from that step's logits with the same seed, step and history: 24 draws over a
-    vocabulary of 5003 (float4 loads and a scalar tail)."""
+    """Each token drawn on the device (at the end of a decode step, or alone from the prompt's
+    logits) is the one the CPU sampler draws from that step's logits with the same seed, step and
+    history: 25 draws over a vocabulary of 5003 (float4 loads and a scalar tail)."""
     from edgerunner.model_builder import write_random_model
 
     path = tmp_path / "m.gguf"
@@ -341,6 +341,8 @@ def test_cuda_sampling_matches_the_cpu_sampler(tmp_path, params):
     sampler = _core.Sampler(5003, seed=17, **params)
     s = _core.Session(model)
     s.eval(prompt(np.random.default_rng(4), 6))
+    first = sampler.sample(s.logits(), np.asarray(s.tokens, np.int32), len(s.tokens))
+    assert s.sample(sampler) == first, "the draw from the prompt's logits (Session.sample: on the device)"
     token = 7
     for step in range(24):
         token = s.append_sampled(token, sampler)
@@ -389,9 +391,10 @@ def write_broken_output_model(path) -> None:
 
 def test_cuda_no_finite_logit_is_an_error_not_a_token(tmp_path):
     """A model whose output is broken (its final norm's weights NaN: every logit NaN): a draw on
-    the device raises, as the CPU sampler does, greedy or not, one step at a time or chained
-    (where the next step had already read the -1 as its input: the embedding reads row 0 for a
-    token outside the vocabulary, nothing out of bounds); the session then works on."""
+    the device raises, as the CPU sampler does, greedy or not: one step at a time, a generation's
+    first (drawn from the prompt's logits), or chained (where the next step had already read the
+    -1 as its input: the embedding reads row 0 for a token outside the vocabulary, nothing out of
+    bounds); the session then works on."""
     path = tmp_path / "m.gguf"
     write_broken_output_model(path)
     for dispatch in DISPATCH:
@@ -402,7 +405,7 @@ def test_cuda_no_finite_logit_is_an_error_not_a_token(tmp_path):
             s.eval(ids)
             with pytest.raises(ValueError, match="no finite logit"):
                 s.append_sampled(7, _core.Sampler(5003, seed=1, **params))
-            with pytest.raises(ValueError, match="NaN"):  # (generate's first draw is the CPU sampler's)
+            with pytest.raises(ValueError, match="no finite logit"):  # (generate's first draw: the prompt's logits)
                 s.generate(_core.Sampler(5003, seed=1, **params), 8, [])
             with pytest.raises(ValueError, match="no finite logit"):
                 s.append_sampled(7, _core.Sampler(5003, seed=1, **params), 6)  # chained

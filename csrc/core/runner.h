@@ -31,6 +31,11 @@ public:
     virtual int64_t max_tokens() const = 0;
     virtual bool can_sample(const SamplingParams&) const { return false; }
     virtual void fetch_logits() {}  // after sampled steps: the last logits into logits()
+    // The next token drawn on the device (as can_sample's params allow) from the last run's
+    // last-token logits, still there whether or not logits() holds a copy: the history's last
+    // token at last_pos, the RNG at sample_step. False where this runner draws nothing (the
+    // session then samples logits() on the host).
+    virtual bool draw(const SamplingParams& /*p*/, uint64_t /*sample_step*/, int64_t /*last_pos*/, int32_t* /*token*/) { return false; }
 
     // Chained decode (runners whose chain_depth() > 0; params as can_sample allows): one-token
     // sampled steps whose input is the previous chained step's drawn token, fed on the device,

@@ -197,6 +197,7 @@ struct Session::Impl {
     std::vector<int32_t> tokens;  // what the cache holds, position = index
     const float* logits = nullptr;  // next-token logits of `tokens`, or null
     bool logits_on_device = false;  // null logits still on the device (after a sampled step)
+    StepRunner* logits_from = nullptr;  // the runner whose last run made them (where they also stay)
 
     // An open chain of steps drawn on the device: step k (1 … limit) appends the draw of step
     // k − 1 (the first: `first`) at position base + k − 1; `pushed` of them are running or done,
@@ -209,7 +210,13 @@ struct Session::Impl {
     };
     std::optional<Chain> chain;
 
+    // A run of r is about to write its logits: where they backed the session's, they no longer do.
+    void running(const StepRunner& r) {
+        if (logits_from == &r) logits_from = nullptr;
+    }
+
     void push() {
+        running(*decode);
         Chain& c = *chain;
         decode->chain_push(c.base + c.pushed, c.params, static_cast<uint64_t>(c.base + c.pushed + 1), c.pushed == 0 ? &c.first : nullptr);
         ++c.pushed;
@@ -225,10 +232,12 @@ struct Session::Impl {
         in.sample = &params;
         in.sample_step = tokens.size() + 1;  // the history the CPU sampler would see: every token so far
         in.sampled = &next;
+        running(*decode);
         decode->run(in);
         tokens.push_back(token);
         logits = nullptr;
         logits_on_device = true;
+        logits_from = decode.get();
         return next;
     }
 
@@ -295,10 +304,12 @@ struct Session::Impl {
             in.n_tokens = static_cast<int64_t>(step);
             in.pos0 = static_cast<int64_t>(tokens.size());
             in.logits_out = all_logits_out ? all_logits_out + done * vocab : nullptr;
+            running(exe);
             exe.run(in);
             tokens.insert(tokens.end(), ids + done, ids + done + step);
             logits = all_logits_out ? nullptr : exe.logits();
             logits_on_device = false;
+            logits_from = &exe;
             done += step;
         }
     }
@@ -409,7 +420,16 @@ const std::vector<int32_t>& Session::tokens() const { return impl_->tokens; }
 int64_t Session::n_ctx() const { return impl_->model->n_ctx(); }
 
 int32_t Session::sample(Sampler& sampler) const {
-    const auto& t = impl_->tokens;
+    Impl& s = *impl_;
+    settle();
+    const auto& t = s.tokens;
+    // on a GPU, drawn there from the logits the last step left (a generation's first token: its
+    // prompt's), as a sampled step draws; else on the host
+    int32_t token = 0;
+    if ((s.logits || s.logits_on_device) && s.logits_from && sampler.n_vocab() == s.model->config().n_vocab &&
+        s.logits_from->can_sample(sampler.params()) &&
+        s.logits_from->draw(sampler.params(), t.size(), static_cast<int64_t>(t.size()) - 1, &token))
+        return token;
     return sampler.sample(logits(), t.data(), t.size(), t.size());
 }
 
@@ -481,6 +501,7 @@ int32_t Session::chain_next() {
         c.next = drawn;
         s.logits = nullptr;
         s.logits_on_device = true;  // (the last taken step's, once the steps past it are settled)
+        s.logits_from = s.decode.get();
         if (c.pushed < c.limit) s.push();
         return drawn;
     } catch (...) {

@@ -310,6 +310,22 @@ public:
         ER_CUDA(cudaStreamSynchronize(stream_));
     }
 
+    // The sampler alone over the last run's last-token logits, launch by launch (a generation's
+    // first token, drawn from its prompt's logits): 4 bytes back, not the logits.
+    bool draw(const SamplingParams& p, uint64_t sample_step, int64_t last_pos, int32_t* token) override {
+        host_block_->pos0 = last_pos;
+        host_block_->sample_step = sample_step;
+        host_block_->sampling = device_sampling(p);
+        draw_launches_.clear();
+        push_sampler(p, row(Buf::LOGITS, last_row_), 1, device_block(), nullptr, nullptr, &draw_launches_);
+        ER_CUDA(cudaMemcpyAsync(block_.get(), host_block_.get(), sizeof(StepBlock), cudaMemcpyHostToDevice, stream_));
+        for (const Launch& l : draw_launches_) enqueue(l, stream_, nullptr, overlap_);
+        ER_CUDA(cudaMemcpyAsync(&host_block_->sampled, &device_block()->sampled, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+        ER_CUDA(cudaStreamSynchronize(stream_));
+        *token = checked_token(host_block_->sampled);
+        return true;
+    }
+
     void run(const StepInputs& in) override {
         const int64_t n = in.n_tokens;
         const bool sampling = in.sample != nullptr;
@@ -497,6 +513,11 @@ private:
     // The step's launches against step block `b` (a chained step's draw also goes to `next`'s
     // input token, its header advanced into `next`'s, and the draw to `drawn`, pinned host memory).
     void compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* b, StepBlock* next = nullptr, int32_t* drawn = nullptr) const;
+    // The sampler's launches at the end of a step against block b (penalize first with bias or
+    // penalties; the history's last token at b->pos0 + n - 1), over `logits`: the draw into
+    // `drawn` (pinned host memory) or b->sampled, and with `next` that block's header too.
+    void push_sampler(const SamplingParams& p, const float* logits, int64_t n, StepBlock* b, StepBlock* next, int32_t* drawn,
+                      std::vector<Launch>* out) const;
 
     // The step block in, and the result out: the drawn token (4 bytes) or logits.
     void begin(int64_t n) {
@@ -605,6 +626,7 @@ private:
     std::vector<float> bias_host_values_;
     cudaStream_t stream_ = nullptr;
     std::vector<Launch> launches_;       // eager: this step's launches (capacity kept)
+    std::vector<Launch> draw_launches_;  // draw(): the sampler's (capacity kept)
     cudaGraphExec_t graph_[5] = {};      // recorded: the one-token step ending in logits, or in a drawn token (1 + its
                                          // sampling variant)
     DevicePtr<uint8_t> chain_blocks_;                  // chained decode: kChain step blocks
@@ -945,27 +967,30 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
             case Step::Glu: push(Part::Act, glu(GluArgs{row(op.in, 0), row(Buf::UP, 0), n * width(op.in), s.glu})); break;
         }
     }
-    if (in.sample) {
-        const float* logits = row(Buf::LOGITS, n - 1);
-        if (penalized(*in.sample)) {  // the sampler reads the logits after bias and penalties
-            push(Part::Sample, penalize(PenaltyArgs{logits, penalized_.get(), static_cast<int32_t>(c_.n_vocab), &b->sampling, &b->pos0, n,
-                                                    kv_->history.get(), bias_tokens_.get(), bias_values_.get(), counts_.get()}));
-            logits = penalized_.get();
-        }
-        SampleArgs a{logits, static_cast<int32_t>(c_.n_vocab), &b->sampling, &b->sample_step, sample_scratch_.get(),
-                     sample_best_.get(), reinterpret_cast<unsigned*>(sample_best_.get() + 1), drawn ? drawn : &b->sampled};
-        a.out_host = drawn != nullptr;
-        if (wide_draw(*in.sample)) a.wide = sample_wide_.get();
-        if (next) {
-            a.next = next->tokens;
-            a.pos0 = &b->pos0;
-            a.next_pos0 = &next->pos0;
-            a.next_step = &next->sample_step;
-            a.next_params = &next->sampling;
-        }
-        const SampleLaunches s = sample(a);
-        for (int i = 0; i < s.count; ++i) push(Part::Sample, s.launch[i]);
+    if (in.sample) push_sampler(*in.sample, row(Buf::LOGITS, n - 1), n, b, next, drawn, out);
+}
+
+void Runner::push_sampler(const SamplingParams& p, const float* logits, int64_t n, StepBlock* b, StepBlock* next, int32_t* drawn,
+                          std::vector<Launch>* out) const {
+    if (skip_ >> static_cast<int>(Part::Sample) & 1u) return;
+    if (penalized(p)) {  // the sampler reads the logits after bias and penalties
+        out->push_back(penalize(PenaltyArgs{logits, penalized_.get(), static_cast<int32_t>(c_.n_vocab), &b->sampling, &b->pos0, n,
+                                            kv_->history.get(), bias_tokens_.get(), bias_values_.get(), counts_.get()}));
+        logits = penalized_.get();
     }
+    SampleArgs a{logits, static_cast<int32_t>(c_.n_vocab), &b->sampling, &b->sample_step, sample_scratch_.get(),
+                 sample_best_.get(), reinterpret_cast<unsigned*>(sample_best_.get() + 1), drawn ? drawn : &b->sampled};
+    a.out_host = drawn != nullptr;
+    if (wide_draw(p)) a.wide = sample_wide_.get();
+    if (next) {
+        a.next = next->tokens;
+        a.pos0 = &b->pos0;
+        a.next_pos0 = &next->pos0;
+        a.next_step = &next->sample_step;
+        a.next_params = &next->sampling;
+    }
+    const SampleLaunches s = sample(a);
+    out->insert(out->end(), s.launch, s.launch + s.count);
 }
 
 }  // namespace
@@ -1006,6 +1031,10 @@ public:
     void fetch_logits() override {
         const OnGpu on(gpu_);
         runner_->fetch_logits();
+    }
+    bool draw(const SamplingParams& p, uint64_t sample_step, int64_t last_pos, int32_t* token) override {
+        const OnGpu on(gpu_);
+        return runner_->draw(p, sample_step, last_pos, token);
     }
     int chain_depth() const override { return runner_->chain_depth(); }
     void chain_push(int64_t pos, const SamplingParams& p, uint64_t sample_step, const int32_t* first_token) override {

@@ -100,6 +100,8 @@ public:
     const std::vector<int32_t>& tokens() const;
     int64_t n_ctx() const;
 
+    // The next token drawn by `sampler` from the current logits (the RNG step: the tokens so far):
+    // on a backend that samples on the device, drawn there from the logits the last step left.
     int32_t sample(Sampler& sampler) const;
     // The native generation loop: sample, append, until max_tokens, a stop id or a full context.
     std::vector<int32_t> generate(Sampler& sampler, int64_t max_tokens, const std::vector<int32_t>& stop_ids);
