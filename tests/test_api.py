@@ -163,6 +163,12 @@ def test_cli_errors(tmp_path):
         assert "Load the model with n_ctx=" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("run", "a", "b", "c")
     assert r.returncode != 0 and "at most a model and one prompt" in r.stderr
+    # options anywhere among the model and the prompt, as between them: the same tokens either way
+    between = run_cli("run", str(tmp_path / "bench.gguf"), "-n", "6", "--seed", "5", "hi")
+    after = run_cli("run", str(tmp_path / "bench.gguf"), "hi", "-n", "6", "--seed", "5")
+    assert between.returncode == 0 and between.stdout == after.stdout and after.returncode == 0, between.stderr
+    r = run_cli("run", str(tmp_path / "bench.gguf"), "--bogus", "3", "hi")
+    assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr
     r = run_cli("bench", str(tiny_bench := tmp_path / "bench.gguf"), "--pp", "16", "--tg", "8", "--reps", "2", "--json")
     result = json.loads(r.stdout)
     assert r.returncode == 0 and result["model"] == "bench.gguf" and result["device"] == "cpu", r.stderr

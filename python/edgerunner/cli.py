@@ -391,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--raw", action="store_true", help="continue the prompt as plain text (no chat template)")
     _add_generation_args(run)
     run.set_defaults(func=cmd_run)
+    parser.set_defaults(run_parser=run)  # (main: its options between the model and the prompt)
 
     chat = sub.add_parser("chat", help="interactive chat that keeps the conversation")
     chat.add_argument("model", nargs="?", default=None, help=_MODEL_HELP + " (default: the built-in default)")
@@ -425,7 +426,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "func", None) is cmd_run:
+        # `run MODEL --seed 3 PROMPT`: options between the positionals, which parse_args would
+        # leave after the model (its words end at the first option), parsed intermixed
+        args = args.run_parser.parse_intermixed_args(argv[argv.index("run") + 1:])
+    elif extra:
+        parser.parse_args(argv)  # (the error for the unrecognized arguments)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
