@@ -310,22 +310,29 @@ constexpr int kMaxCandidates = 1024;  // the tokens a block walks one a thread (
 constexpr int kMaxTopK = 4096;        // top-k's candidates a block sorts and walks (SampleWalk)
 
 // The CPU sampler's walk over the k best tokens, cand[0, k) in the contract's order (k = p.top_k
-// <= kMaxTopK): softmax weights (into wk, k doubles of global scratch), top-p prefix, min-p
-// suffix, the draw, summed in its order by one thread (thread 0's answer).
-__device__ int32_t walk_top_k(const float* __restrict__ l, const unsigned long long* cand, const DeviceSampling& p, double u, float mx,
-                              double* wk) {
+// <= kMaxTopK; shared memory): softmax weights (each in place of its token's order key, whose id
+// goes to ids, k ints of global scratch), top-p prefix, min-p suffix, the draw, summed in its
+// order by one thread (thread 0's answer). Its four serial walks read shared memory: from global
+// scratch they cost ~0.2 ms at k = 2000 (each load waiting on the one before).
+__device__ int32_t walk_top_k(const float* __restrict__ l, unsigned long long* cand, const DeviceSampling& p, double u, float mx,
+                              int32_t* ids) {
     const int k = p.top_k;
-    for (int i = threadIdx.x; i < k; i += kThreads) wk[i] = weight(l[order_id(cand[i])], mx, p.temperature);
+    for (int i = threadIdx.x; i < k; i += kThreads) {
+        const int32_t id = order_id(cand[i]);
+        ids[i] = id;
+        cand[i] = static_cast<unsigned long long>(__double_as_longlong(weight(l[id], mx, p.temperature)));
+    }
     __syncthreads();
     if (threadIdx.x != 0) return 0;
+    const auto wk = [&](int i) { return __longlong_as_double(static_cast<long long>(cand[i])); };
     double z = 0.0;
-    for (int i = 0; i < k; ++i) z += wk[i];
+    for (int i = 0; i < k; ++i) z += wk(i);
     int kept = k;
     if (p.top_p < 1.0f) {
         const double target = p.top_p * z;
         double cum = 0.0;
         for (int i = 0; i < k; ++i)
-            if ((cum += wk[i]) >= target) {
+            if ((cum += wk(i)) >= target) {
                 kept = i + 1;
                 break;
             }
@@ -333,16 +340,16 @@ __device__ int32_t walk_top_k(const float* __restrict__ l, const unsigned long l
     const double min_w = p.min_p;
     int m = 0;  // w is non-increasing: min-p and w == 0 cut a suffix
     double s = 0.0;
-    while (m < kept && wk[m] >= min_w && wk[m] > 0.0) s += wk[m++];
+    while (m < kept && wk(m) >= min_w && wk(m) > 0.0) s += wk(m++);
     const double target = u * s;
     double cum = 0.0;
     int pick = m - 1;
     for (int i = 0; i < m; ++i)
-        if ((cum += wk[i]) > target) {
+        if ((cum += wk(i)) > target) {
             pick = i;
             break;
         }
-    return order_id(cand[pick]);
+    return ids[pick];
 }
 
 // top-k with k <= kMaxCandidates in one block: the k-th largest key θ comes from a radix search
@@ -351,7 +358,7 @@ __device__ int32_t walk_top_k(const float* __restrict__ l, const unsigned long l
 // first k walked as the CPU walks them (walk_top_k). Returns the token, or -1 when ties at θ make
 // more candidates than fit (the caller then takes the general path).
 
-__device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const DeviceSampling& p, double u, float mx, double* wk) {
+__device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const DeviceSampling& p, double u, float mx, int32_t* ids) {
     __shared__ int hist[256];
     __shared__ uint32_t s_prefix;
     __shared__ int s_above, n_cand;
@@ -400,7 +407,7 @@ __device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const De
         if (valid && key(v) >= prefix) cand[atomicAdd(&n_cand, 1)] = order_key(key(v), i);
     });
     sort_descending(cand, count);
-    return walk_top_k(l, cand, p, u, mx, wk);
+    return walk_top_k(l, cand, p, u, mx, ids);
 }
 
 __device__ void Sample::run(const SampleArgs& a) {
@@ -724,14 +731,14 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     const int count = static_cast<int>(n_cand);
     int32_t token = -1;
     __shared__ unsigned long long sorted[kMaxTopK];
-    double* wk = reinterpret_cast<double*>(cand);  // (walk_top_k's weights: the candidates are in `sorted` by then)
+    int32_t* ids = reinterpret_cast<int32_t*>(cand);  // (walk_top_k's ids: the candidates are in `sorted` by then)
     if (count <= (use.top_k ? kMaxTopK : kMaxCandidates) && hi >= 0) {
         for (int i = threadIdx.x; i < count; i += kThreads) sorted[i] = __ldcg(cand + i);
         sort_descending(sorted, count);
-        token = use.top_k ? walk_top_k(a.logits, sorted, p, u_bits * 0x1.0p-24, mx, wk)  // (at least k: every token from its bucket up)
+        token = use.top_k ? walk_top_k(a.logits, sorted, p, u_bits * 0x1.0p-24, mx, ids)  // (at least k: every token from its bucket up)
                           : walk_cuts(a.logits, n, sorted, count, st, p, u_bits, mx);
     }
-    if (token < 0 && use.counts && p.top_k <= kMaxCandidates) token = sample_top_k(a.logits, n, p, u_bits * 0x1.0p-24, mx, wk);
+    if (token < 0 && use.counts && p.top_k <= kMaxCandidates) token = sample_top_k(a.logits, n, p, u_bits * 0x1.0p-24, mx, ids);
     if (token < 0) token = draw_by_bisection(a.logits, n, p, u_bits, mx, top, cand);
     if (threadIdx.x == 0) {
         st.active = 0;

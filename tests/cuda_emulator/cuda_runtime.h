@@ -123,6 +123,8 @@ inline int __float_as_int(float f) { return er_cuda_emulator::of_bits<int>(er_cu
 inline float __int_as_float(int i) { return er_cuda_emulator::of_bits<float>(static_cast<uint32_t>(i)); }
 inline unsigned __float_as_uint(float f) { return er_cuda_emulator::of_bits<unsigned>(er_cuda_emulator::bits_of(f)); }
 inline float __uint_as_float(unsigned u) { return er_cuda_emulator::of_bits<float>(u); }
+inline long long __double_as_longlong(double d) { return er_cuda_emulator::of_bits<long long>(er_cuda_emulator::bits_of(d)); }
+inline double __longlong_as_double(long long x) { return er_cuda_emulator::of_bits<double>(static_cast<uint64_t>(x)); }
 // (the host compiles these with -ffp-contract=off: each rounds once, as the intrinsics do)
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
