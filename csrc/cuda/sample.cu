@@ -313,7 +313,8 @@ constexpr int kMaxTopK = 4096;        // top-k's candidates a block sorts and wa
 // <= kMaxTopK; shared memory): softmax weights (each in place of its token's order key, whose id
 // goes to ids, k ints of global scratch), top-p prefix, min-p suffix, the draw, summed in its
 // order by one thread (thread 0's answer). Its four serial walks read shared memory: from global
-// scratch they cost ~0.2 ms at k = 2000 (each load waiting on the one before).
+// scratch each load waited on the one before (likely most of top-k 2000's +0.22 ms a token; the
+// change is not yet measured, bench/NOTES.md).
 __device__ int32_t walk_top_k(const float* __restrict__ l, unsigned long long* cand, const DeviceSampling& p, double u, float mx,
                               int32_t* ids) {
     const int k = p.top_k;
