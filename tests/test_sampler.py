@@ -327,6 +327,12 @@ def test_bad_inputs_are_value_errors():
     for params in [dict(), dict(temperature=1.0), dict(temperature=1.0, top_k=2)]:
         with pytest.raises(ValueError, match="logit of token 3 is NaN"):
             _core.Sampler(10, **params).sample(x)
+    for where in [(0,), (8,), (36,), (21, 5), (17, 18)]:  # the first NaN is named, in any lane or the tail
+        y = f32(np.arange(37))
+        y[list(where)] = np.nan
+        for params in [dict(), dict(temperature=1.0), dict(temperature=1.0, top_p=0.5)]:
+            with pytest.raises(ValueError, match=f"logit of token {min(where)} is NaN"):
+                _core.Sampler(37, **params).sample(y)
     banned = np.full(10, -np.inf, dtype=np.float32)
     for params in [dict(), dict(temperature=1.0), dict(temperature=1.0, top_k=2)]:
         with pytest.raises(ValueError, match="every token has logit -inf"):
@@ -369,6 +375,42 @@ def test_edge_cases():
     s = _core.Sampler(100, temperature=1.0, repetition_penalty=1.3, seed=4)
     h = [best, best, 3]
     assert s.sample(x, h, 1) == s.sample(x, np.array(h, np.int32), 1) == s.sample(x, np.array(h, np.int64), 1)
+
+
+def test_softmax_weight_is_exp_to_an_ulp():
+    """The weight w = e^-d the sampler computes (branch-free, for its vectorized exp pass) against e^-d
+    to 40 digits (decimal), rounded to float64: at most 1 ulp apart (subnormals: 2^-1074). d = 0 gives
+    1 exactly (the top token's w); +inf and d from 745.2 give 0."""
+    from decimal import Decimal, localcontext
+
+    rng = np.random.default_rng(11)
+    ds = np.concatenate([rng.uniform(0, 1, 3000), rng.uniform(0, 40, 3000), rng.uniform(40, 708, 2000),
+                         rng.uniform(708, 745.13, 1000), 2.0 ** rng.uniform(-60, 0, 1000),
+                         [0.0, 5e-324, 1e-300, 0.5 * math.log(2), math.log(2), 40.0, 708.39, 745.0]])
+    worst = 0.0
+    with localcontext() as ctx:
+        ctx.prec = 40
+        for d in ds:
+            ref = float((-Decimal(float(d))).exp())
+            got = _core.Sampler.exp_neg(float(d))
+            worst = max(worst, abs(got - ref) / np.spacing(ref))
+    assert worst <= 1.0, f"{worst} ulp"
+    assert _core.Sampler.exp_neg(0.0) == 1.0
+    for d in [745.2, 746.0, 1e5, math.inf]:
+        assert _core.Sampler.exp_neg(d) == 0.0
+    assert _core.Sampler.exp_neg(745.1) == 5e-324
+
+
+def test_greedy_ties_across_signed_zeros_and_lanes():
+    for n in [1, 7, 8, 9, 33]:
+        x = np.full(n, -np.inf, dtype=np.float32)
+        x[n - 1] = 0.0
+        assert _core.Sampler(n).sample(x) == n - 1
+        x[n // 2] = -0.0  # equal to +0.0: the lower id wins
+        assert _core.Sampler(n).sample(x) == n // 2
+        y = f32(-np.arange(n) - 1.0)
+        y[n - 1] = -0.5
+        assert _core.Sampler(n).sample(y) == n - 1
 
 
 def test_python_face():

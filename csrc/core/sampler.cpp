@@ -72,6 +72,87 @@ struct Better {
     throw std::invalid_argument("every token has logit -inf after bias and penalties: nothing to sample");
 }
 
+// The loops the compiler vectorizes (the file is built with -fno-trapping-math, without which
+// GCC turns their selects into branches) get an AVX2 clone where the CPU has it, picked at load.
+// Every clone gives the same bits: the same IEEE operations, none fused (-ffp-contract=off).
+#if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__))
+#define ER_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define ER_VECTOR_CLONES
+#endif
+
+double from_bits(int64_t b) {
+    double d;
+    std::memcpy(&d, &b, sizeof d);
+    return d;
+}
+int64_t to_bits(double d) {
+    int64_t b;
+    std::memcpy(&b, &d, sizeof b);
+    return b;
+}
+
+// The softmax weight e^-d (d >= 0; Sampler::exp_neg). Cody-Waite: -d = n ln2 + r with n an
+// integer and |r| <= ln2 / 2 (ln2's high part has 21 trailing zero bits, so n * hi is exact), then
+// e^r by its Taylor series to r^13 (the next term is under 5e-18) times 2^n built from bits, as two
+// normal factors so that results down to the subnormals round once. d is clamped at 746, where
+// e^-d rounds to 0 (+inf too). No branch, so that the exp pass vectorizes; within 1 ulp of e^-d
+// (tests/test_sampler.py). Internal, so that the pass inlines it (-fPIC may interpose a global).
+inline double weight(double d) {
+    const double x = -std::min(d, 746.0);
+    constexpr double kShifter = 0x1.8p52;  // adding it rounds to an integer, kept in the low bits
+    const double k = x * 0x1.71547652b82fep0 + kShifter;  // x · log2(e)
+    const double n = k - kShifter;
+    const double r = (x - n * 0x1.62e42feep-1) - n * 0x1.a39ef35793c76p-33;
+    double p = 1.0 / 6227020800.0;
+    p = p * r + 1.0 / 479001600.0;
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    const int64_t e = to_bits(k) - to_bits(kShifter);  // n, in [-1076, 0]
+    const int64_t e1 = e >> 1;
+    return p * from_bits((e1 + 1023) << 52) * from_bits((e - e1 + 1023) << 52);
+}
+
+// The largest logit, and whether there was a NaN (then the largest is meaningless). As the
+// largest of integer keys that order like the floats (negatives' magnitude bits flipped): a
+// float maximum is not a reduction the compiler may vectorize, an integer one is.
+ER_VECTOR_CLONES float max_logit(const float* l, size_t n, bool* nan) {
+    int32_t best = std::numeric_limits<int32_t>::min();
+    int32_t any = 0;
+    for (size_t i = 0; i < n; ++i) {
+        int32_t b;
+        std::memcpy(&b, &l[i], sizeof b);
+        best = std::max(best, b ^ ((b >> 31) & 0x7fffffff));
+        any |= l[i] != l[i];
+    }
+    *nan = any != 0;
+    best ^= (best >> 31) & 0x7fffffff;
+    float m;
+    std::memcpy(&m, &best, sizeof m);
+    return m;
+}
+
+// The no-top-k path's exp pass: w[i] = e^-d and of[i] = the bucket of d (at per_b buckets a unit,
+// the rest in bucket `last`), for d = (l_max - l[i]) / T.
+ER_VECTOR_CLONES void exp_pass(const float* l, size_t n, double l_max, double t, double per_b, int32_t last,
+                               double* w, uint16_t* of) {
+    for (size_t i = 0; i < n; ++i) {
+        const double d = (l_max - l[i]) / t;
+        w[i] = weight(d);
+        of[i] = static_cast<uint16_t>(static_cast<int32_t>(std::min(d * per_b, static_cast<double>(last))));
+    }
+}
+
 std::string num(double v) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%g", v);
@@ -95,6 +176,8 @@ std::vector<std::pair<int32_t, float>> merged_bias(const std::vector<std::pair<i
     m.resize(n);
     return m;
 }
+
+double Sampler::exp_neg(double d) { return weight(d); }
 
 float Sampler::uniform(uint64_t seed, uint64_t step) {
     const uint64_t state = splitmix64_mix(seed) + (step + 1) * 0x9E3779B97F4A7C15ull;
@@ -175,25 +258,26 @@ int32_t Sampler::sample(const float* logits, const int32_t* history, size_t n_hi
     const float* l = apply_bias_and_penalties(logits, history, n_history);
     const int32_t n = n_vocab_;
 
-    if (params_.temperature <= 0.0f) {  // greedy: one pass
-        int32_t best = -1;
-        float best_l = -std::numeric_limits<float>::infinity();
-        for (int32_t i = 0; i < n; ++i) {
-            const float v = l[i];
-            if (v > best_l) {
-                best_l = v;
-                best = i;
-            } else if (std::isnan(v)) {
-                throw_nan(i);
-            }
-        }
-        if (best < 0) throw_all_banned();
+    if (params_.temperature <= 0.0f) {  // greedy: the first token with the largest logit
+        const float l_max = checked_max(l);
+        int32_t best = 0;
+        while (l[best] != l_max) ++best;
         return best;
     }
 
     const double u = uniform(params_.seed, step);
     if (params_.top_k > 0 && params_.top_k < n) return sample_top_k(l, static_cast<size_t>(params_.top_k), u);
     return sample_full(l, u);
+}
+
+// The largest logit; throws for a NaN (naming the first) or where every logit is -inf.
+float Sampler::checked_max(const float* l) const {
+    const size_t n = static_cast<size_t>(n_vocab_);
+    bool nan;
+    const float l_max = max_logit(l, n, &nan);
+    if (nan) throw_nan(static_cast<int32_t>(std::find_if(l, l + n, [](float v) { return std::isnan(v); }) - l));
+    if (l_max == -std::numeric_limits<float>::infinity()) throw_all_banned();
+    return l_max;
 }
 
 // top-k is on: order_[0, k) becomes the k best ids, sorted; every later step works on those.
@@ -232,7 +316,7 @@ int32_t Sampler::sample_top_k(const float* l, size_t k, double u) {
     double* w = probs_.data();  // indexed by position here
     double z = 0.0;
     for (size_t i = 0; i < k; ++i) {
-        w[i] = l[ids[i]] == l_max ? 1.0 : std::exp((l[ids[i]] - l_max) / t);
+        w[i] = weight((l_max - l[ids[i]]) / t);
         z += w[i];
     }
     size_t kept = k;
@@ -300,28 +384,18 @@ Sampler::Place Sampler::walk(const float* l, const double* sum, int32_t last, si
 // logit, then walks that sort only the buckets where they end (see the header comment).
 int32_t Sampler::sample_full(const float* l, double u) {
     const size_t n = probs_.size();
-    float l_max = -std::numeric_limits<float>::infinity();
-    for (size_t i = 0; i < n; ++i) {
-        if (l[i] > l_max) l_max = l[i];
-        else if (std::isnan(l[i])) throw_nan(static_cast<int32_t>(i));
-    }
-    if (l_max == -std::numeric_limits<float>::infinity()) throw_all_banned();
-
-    const double t = params_.temperature, min_w = params_.min_p, lm = l_max;
+    const float l_max = checked_max(l);
+    const double t = params_.temperature, min_w = params_.min_p;
     const int32_t n_buckets = static_cast<int32_t>(all_.size());
-    const double per_t = n_buckets / kBucketRange;  // buckets a unit of d
     double* w = probs_.data();  // indexed by token id here
     uint16_t* of = bucket_.data();
+    // (l - l_max) / T is -d, bit for bit, and weight(0) is 1: the top token's w is 1
+    exp_pass(l, n, l_max, t, n_buckets / kBucketRange, n_buckets - 1, w, of);
     std::fill(all_.begin(), all_.end(), 0.0);
     std::fill(kept_.begin(), kept_.end(), 0.0);
     for (size_t i = 0; i < n; ++i) {
-        const double d = (lm - l[i]) / t;  // (l - l_max) / T is -d, bit for bit
-        const double wi = l[i] == l_max ? 1.0 : std::exp(-d);
-        const int32_t b = d < kBucketRange ? std::min(static_cast<int32_t>(d * per_t), n_buckets - 1) : n_buckets - 1;
-        w[i] = wi;
-        of[i] = static_cast<uint16_t>(b);
-        all_[b] += wi;
-        if (wi >= min_w && wi > 0.0) kept_[b] += wi;
+        all_[of[i]] += w[i];
+        if (w[i] >= min_w && w[i] > 0.0) kept_[of[i]] += w[i];
     }
     sorted_bucket_ = -1;
     const auto all = [&](int32_t id) { return w[id]; };

@@ -89,5 +89,7 @@ void bind_sampler(nb::module_& m) {
             "history id outside the vocabulary (when penalties are on) or when every token is banned.")
         .def_prop_ro("n_vocab", &Sampler::n_vocab)
         .def_static("uniform", &Sampler::uniform, "seed"_a, "step"_a,
-                    "The draw's uniform number in [0, 1) for (seed, step): 24 bits of splitmix64.");
+                    "The draw's uniform number in [0, 1) for (seed, step): 24 bits of splitmix64.")
+        .def_static("exp_neg", &Sampler::exp_neg, "d"_a,
+                    "The softmax weight w = e^-d the sampler uses, for d = (l_max - l) / T >= 0.");
 }

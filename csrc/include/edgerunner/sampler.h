@@ -43,9 +43,12 @@ public:
 
     // The draw's uniform number in [0, 1): 24 bits of splitmix64 over (seed, step).
     static float uniform(uint64_t seed, uint64_t step);
+    // The contract's softmax weight w = e^-d, d = (l_max - l) / T >= 0 (+inf gives 0; 0 gives 1).
+    static double exp_neg(double d);
 
 private:
     const float* apply_bias_and_penalties(const float* logits, const int32_t* history, size_t n_history);
+    float checked_max(const float* l) const;
     int32_t sample_top_k(const float* l, size_t k, double u);
     int32_t sample_full(const float* l, double u);
     // The no-top-k path's walks (sampler.cpp): a token's place in the contract's order, as its
