@@ -198,7 +198,7 @@ DIST_CASES = [
     dict(temperature=1.3, top_p=0.8),
     dict(temperature=1.0, min_p=0.1),
     dict(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05),
-    dict(temperature=1.0, top_k=45),          # k > n/8: the nth_element path
+    dict(temperature=1.0, top_k=45),          # most of the vocabulary
     dict(temperature=1.0, top_k=1000),        # k > n_vocab: off
     dict(temperature=2.0, top_p=0.5, min_p=0.2),
 ]
@@ -239,12 +239,14 @@ def test_draws_follow_the_contract_token_for_token(params, shape):
 
 
 @pytest.mark.parametrize("params", [dict(temperature=0.8), dict(temperature=0.8, top_p=0.9), dict(temperature=0.8, min_p=0.05),
-                                    dict(temperature=1.1, top_p=0.7, min_p=0.02), dict(temperature=0.05, top_p=0.95)])
+                                    dict(temperature=1.1, top_p=0.7, min_p=0.02), dict(temperature=0.05, top_p=0.95),
+                                    dict(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05), dict(temperature=3.0, top_k=2000)])
 def test_draws_at_a_large_flat_vocabulary_follow_the_contract(params):
     """128256 tokens as flat as a random-weight Llama's last logits (std 0.93), a tenth of them
     tied at five quantiles, some banned: the walks without top-k end in crowded buckets of the
     distance below the largest logit (hundreds of tokens each) and inside groups of equal logits
-    (walked in id order). At T = 0.05 most tokens lie past the buckets' range (d >= 40)."""
+    (walked in id order). At T = 0.05 most tokens lie past the buckets' range (d >= 40). top-k
+    2000 ends inside the group tied at the 99th percentile."""
     n = 128256
     rng = np.random.default_rng(8)
     x = f32(rng.normal(4.3, 0.93, n))
@@ -261,8 +263,29 @@ def test_draws_at_a_large_flat_vocabulary_follow_the_contract(params):
         want = int(order[np.nonzero(cum > u * cum[-1])[0][0]])
         assert s.sample(x, [], step) == want, step
         tied += np.count_nonzero(x == x[want]) > 1
-    if params["temperature"] > 0.5:
+    if params["temperature"] > 0.5 and params.get("top_k", 2000) == 2000:
         assert tied >= 2, f"only {tied} of 40 draws landed on a tied logit"
+
+
+@pytest.mark.parametrize("n", [37, 20011])
+def test_top_k_keeps_the_k_best_with_ties_at_the_edge(n):
+    """Logits on a coarse grid (many tied, the k-th often among them), some -inf, zeros of both
+    signs: at a temperature that makes the kept tokens almost equally likely, every draw is one of
+    the reference's k best (ties to the lower id) and, for small k, each of them is drawn."""
+    rng = np.random.default_rng(13)
+    x = f32(np.round(rng.normal(size=n) * 4) / 4)
+    x[rng.integers(0, n, n // 20)] = -np.inf
+    x[rng.integers(0, n, n // 20)] = -0.0
+    best = ref_order(x.astype(np.float64))
+    for k in [1, 2, 7, 40, 127, 128, 129, 500, 2000, n - 1]:
+        if k >= n:
+            continue
+        kept = set(best[:k].tolist())
+        s = _core.Sampler(n, temperature=1e4, top_k=k, seed=k)
+        drawn = {s.sample(x, [], step) for step in range(max(300, 12 * k) if k <= 129 else 600)}
+        assert drawn <= kept, (k, sorted(drawn - kept)[:5])
+        if k <= 129:
+            assert drawn == kept, (k, len(kept - drawn))
 
 
 def test_rng_is_the_documented_splitmix64():

@@ -123,16 +123,20 @@ inline double weight(double d) {
     return p * from_bits((e1 + 1023) << 52) * from_bits((e - e1 + 1023) << 52);
 }
 
-// The largest logit, and whether there was a NaN (then the largest is meaningless). As the
-// largest of integer keys that order like the floats (negatives' magnitude bits flipped): a
-// float maximum is not a reduction the compiler may vectorize, an integer one is.
+// An integer that orders like the float (negatives' magnitude bits flipped), for maxima the
+// compiler vectorizes: a float maximum is not a reduction it may reorder, an integer one is.
+inline int32_t order_key(float v) {
+    int32_t b;
+    std::memcpy(&b, &v, sizeof b);
+    return b ^ ((b >> 31) & 0x7fffffff);
+}
+
+// The largest logit, and whether there was a NaN (then the largest is meaningless).
 ER_VECTOR_CLONES float max_logit(const float* l, size_t n, bool* nan) {
     int32_t best = std::numeric_limits<int32_t>::min();
     int32_t any = 0;
     for (size_t i = 0; i < n; ++i) {
-        int32_t b;
-        std::memcpy(&b, &l[i], sizeof b);
-        best = std::max(best, b ^ ((b >> 31) & 0x7fffffff));
+        best = std::max(best, order_key(l[i]));
         any |= l[i] != l[i];
     }
     *nan = any != 0;
@@ -140,6 +144,19 @@ ER_VECTOR_CLONES float max_logit(const float* l, size_t n, bool* nan) {
     float m;
     std::memcpy(&m, &best, sizeof m);
     return m;
+}
+
+// The first block of kBlock logits from l[i] (i a multiple of kBlock) with one above t (perhaps
+// only equal to it, as +0 to -0), or the last whole block's end. No NaN: max_logit looked.
+constexpr size_t kBlock = 64;
+ER_VECTOR_CLONES size_t next_block_above(const float* l, size_t i, size_t n, float t) {
+    const int32_t above = order_key(t);
+    for (; i + kBlock <= n; i += kBlock) {
+        int32_t best = std::numeric_limits<int32_t>::min();
+        for (size_t j = 0; j < kBlock; ++j) best = std::max(best, order_key(l[i + j]));
+        if (best > above) break;
+    }
+    return i;
 }
 
 // The no-top-k path's exp pass: w[i] = e^-d and of[i] = the bucket of d (at per_b buckets a unit,
@@ -150,6 +167,17 @@ ER_VECTOR_CLONES void exp_pass(const float* l, size_t n, double l_max, double t,
         const double d = (l_max - l[i]) / t;
         w[i] = weight(d);
         of[i] = static_cast<uint16_t>(static_cast<int32_t>(std::min(d * per_b, static_cast<double>(last))));
+    }
+}
+
+// The top-k selection's key of each token: the top 12 bits of its distance below the largest
+// logit, d = l_max - l[i] (float32, >= 0, so the bits order like d).
+ER_VECTOR_CLONES void distance_keys(const float* l, size_t n, float l_max, uint16_t* key) {
+    for (size_t i = 0; i < n; ++i) {
+        const float d = l_max - l[i];
+        uint32_t b;
+        std::memcpy(&b, &d, sizeof b);
+        key[i] = static_cast<uint16_t>(b >> 19);
     }
 }
 
@@ -221,6 +249,7 @@ Sampler::Sampler(int32_t n_vocab, SamplingParams params) : n_vocab_(n_vocab), pa
     all_.resize(n_buckets);
     kept_.resize(n_buckets);
     counts_.assign(penalties_on_ ? n : 0, 0);
+    top_k_count_.assign(static_cast<size_t>(p.top_k) > kHeapTopK ? kTopKKeys : 0, 0u);
 }
 
 const float* Sampler::apply_bias_and_penalties(const float* logits, const int32_t* history, size_t n_history) {
@@ -260,9 +289,10 @@ int32_t Sampler::sample(const float* logits, const int32_t* history, size_t n_hi
 
     if (params_.temperature <= 0.0f) {  // greedy: the first token with the largest logit
         const float l_max = checked_max(l);
-        int32_t best = 0;
+        const float below = std::nextafter(l_max, -std::numeric_limits<float>::infinity());
+        size_t best = next_block_above(l, 0, static_cast<size_t>(n), below);  // the first block holding it
         while (l[best] != l_max) ++best;
-        return best;
+        return static_cast<int32_t>(best);
     }
 
     const double u = uniform(params_.seed, step);
@@ -281,37 +311,50 @@ float Sampler::checked_max(const float* l) const {
 }
 
 // top-k is on: order_[0, k) becomes the k best ids, sorted; every later step works on those.
+//  - k <= 128: one pass offering each token to a k-heap whose top is the worst kept id, but for
+//    blocks of 64 none of which is above that worst (their maximum, vectorized: most blocks).
+//  - Larger k: a histogram of each token's distance below the largest logit, d = l_max - l in
+//    float32 (rounding is monotone: a higher logit never gets a larger d), in buckets of d's top
+//    bits (16 a binade; the banned, d = +inf, in the last). The buckets up to the one where the
+//    count reaches k hold the k best; only their tokens are gathered, for nth_element.
 int32_t Sampler::sample_top_k(const float* l, size_t k, double u) {
     const size_t n = order_.size();
+    const float top = checked_max(l);
     const Better better{l};
     int32_t* ids = order_.data();
-    if (k * 8 <= n) {  // one pass with a k-heap whose top is the worst kept id
-        for (size_t i = 0; i < k; ++i) {
-            if (std::isnan(l[i])) throw_nan(static_cast<int32_t>(i));
-            ids[i] = static_cast<int32_t>(i);
-        }
+    if (k <= kHeapTopK) {
+        for (size_t i = 0; i < k; ++i) ids[i] = static_cast<int32_t>(i);
         std::make_heap(ids, ids + k, better);
-        for (size_t i = k; i < n; ++i) {
-            const float v = l[i];
-            if (v > l[ids[0]]) {  // ids ascend, so an equal logit never displaces a kept id
+        float worst = l[ids[0]];
+        const auto offer = [&](size_t i) {
+            if (l[i] > worst) {  // ids ascend, so an equal logit never displaces a kept id
                 std::pop_heap(ids, ids + k, better);
                 ids[k - 1] = static_cast<int32_t>(i);
                 std::push_heap(ids, ids + k, better);
-            } else if (std::isnan(v)) {
-                throw_nan(static_cast<int32_t>(i));
+                worst = l[ids[0]];
             }
-        }
+        };
+        size_t i = k;
+        for (; i < n && i % kBlock != 0; ++i) offer(i);
+        while ((i = next_block_above(l, i, n, worst)) + kBlock <= n)
+            for (const size_t end = i + kBlock; i < end; ++i) offer(i);
+        for (; i < n; ++i) offer(i);
     } else {
-        for (size_t i = 0; i < n; ++i) {
-            if (std::isnan(l[i])) throw_nan(static_cast<int32_t>(i));
-            ids[i] = static_cast<int32_t>(i);
+        uint16_t* key = bucket_.data();
+        distance_keys(l, n, top, key);
+        uint32_t* count = top_k_count_.data();
+        std::fill(top_k_count_.begin(), top_k_count_.end(), 0u);
+        for (size_t i = 0; i < n; ++i) ++count[key[i]];
+        uint32_t last = 0;
+        for (size_t reached = count[0]; reached < k; reached += count[++last]) {
         }
-        std::nth_element(ids, ids + k, ids + n, better);
+        size_t gathered = 0;
+        for (size_t i = 0; i < n; ++i) ids[gathered] = static_cast<int32_t>(i), gathered += key[i] <= last;
+        std::nth_element(ids, ids + k, ids + gathered, better);
     }
     std::sort(ids, ids + k, better);
 
-    const double l_max = l[ids[0]];
-    if (l_max == -std::numeric_limits<double>::infinity()) throw_all_banned();
+    const double l_max = top;
     const double t = params_.temperature;
     double* w = probs_.data();  // indexed by position here
     double z = 0.0;

@@ -75,6 +75,9 @@ private:
     std::vector<double> all_, kept_;  // the buckets' w summed: every token's, and min-p's kept ones'
     int32_t sorted_bucket_ = -1;    // the bucket whose tokens order_ holds sorted (-1: none)
     size_t sorted_count_ = 0;
+    static constexpr size_t kHeapTopK = 128;   // top-k up to this: a k-heap; larger: by histogram
+    static constexpr size_t kTopKKeys = 4096;  // the histogram's keys: d = l_max - l's top 12 bits
+    std::vector<uint32_t> top_k_count_;        // the tokens counted by key (top-k > kHeapTopK)
     std::vector<int32_t> counts_;  // per-token counts over the penalty window; all zero between calls
 };
 
