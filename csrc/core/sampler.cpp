@@ -435,11 +435,16 @@ int32_t Sampler::sample_full(const float* l, double u) {
     // (l - l_max) / T is -d, bit for bit, and weight(0) is 1: the top token's w is 1
     exp_pass(l, n, l_max, t, n_buckets / kBucketRange, n_buckets - 1, w, of);
     std::fill(all_.begin(), all_.end(), 0.0);
-    std::fill(kept_.begin(), kept_.end(), 0.0);
-    for (size_t i = 0; i < n; ++i) {
-        all_[of[i]] += w[i];
-        if (w[i] >= min_w && w[i] > 0.0) kept_[of[i]] += w[i];
+    if (min_w > 0.0) {
+        std::fill(kept_.begin(), kept_.end(), 0.0);
+        for (size_t i = 0; i < n; ++i) {
+            all_[of[i]] += w[i];
+            if (w[i] >= min_w) kept_[of[i]] += w[i];
+        }
+    } else {
+        for (size_t i = 0; i < n; ++i) all_[of[i]] += w[i];
     }
+    const double* kept_sum = min_w > 0.0 ? kept_.data() : all_.data();  // (no min-p: w == 0 adds nothing)
     sorted_bucket_ = -1;
     const auto all = [&](int32_t id) { return w[id]; };
     const auto kept = [&](int32_t id) { return w[id] >= min_w && w[id] > 0.0 ? w[id] : 0.0; };
@@ -454,23 +459,23 @@ int32_t Sampler::sample_full(const float* l, double u) {
         const double need = params_.top_p * z;
         const Place e = walk(l, all_.data(), n_buckets - 1, SIZE_MAX, all, [&](double c) { return c >= need; });
         if (e.bucket >= 0) last = e.bucket, end = e.pos;  // (else rounding: every token)
-        for (int32_t b = 0; b < last; ++b) s += kept_[b];
+        for (int32_t b = 0; b < last; ++b) s += kept_sum[b];
         if (end == SIZE_MAX) {
-            s += kept_[last];
+            s += kept_sum[last];
         } else {
             sorted_bucket(l, last);  // (the walk's last: order_ holds it)
             for (size_t i = 0; i <= end; ++i) s += kept(order_[i]);
         }
     } else {
-        for (double m : kept_) s += m;
+        for (int32_t b = 0; b < n_buckets; ++b) s += kept_sum[b];
     }
     // the draw: the first kept token of the nucleus whose cumulative w exceeds u · S
     const double target = u * s;
-    const Place d = walk(l, kept_.data(), last, end, kept, [&](double c) { return c > target; });
+    const Place d = walk(l, kept_sum, last, end, kept, [&](double c) { return c > target; });
     if (d.bucket >= 0) return order_[d.pos];
     // rounding left none: the nucleus's last kept token (kept tokens are a prefix of the order)
     int32_t b = last;
-    while (b > 0 && kept_[b] == 0.0) --b;
+    while (b > 0 && kept_sum[b] == 0.0) --b;
     const size_t m = std::min(sorted_bucket(l, b), b == last && end != SIZE_MAX ? end + 1 : SIZE_MAX);
     size_t i = 0;
     while (i + 1 < m && kept(order_[i + 1]) > 0.0) ++i;
