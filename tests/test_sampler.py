@@ -391,6 +391,15 @@ def test_edge_cases():
     y[::2] = -np.inf
     s = _core.Sampler(100, temperature=1e6, seed=3)
     assert all(s.sample(y, [], i) % 2 == 1 for i in range(2000))
+    # +inf logits (a bias of +inf, or an overflow): only they can be drawn, evenly
+    z = f32(rng.normal(size=1000))
+    for params in [dict(), dict(temperature=1.0), dict(temperature=1.0, top_k=2), dict(temperature=1.0, top_k=300),
+                   dict(temperature=0.7, top_p=0.9, min_p=0.1)]:
+        s = _core.Sampler(1000, **params, logit_bias={17: math.inf, 900: math.inf}, seed=6)
+        counts = np.bincount([s.sample(z, [], i) for i in range(400)], minlength=1000)
+        assert counts.sum() == counts[17] + counts[900], params
+        if params:
+            assert 140 < counts[17] < 260, (params, counts[17])
     # a vocabulary of one
     for params in [dict(), dict(temperature=1.0, top_k=5, top_p=0.1, min_p=0.5)]:
         assert _core.Sampler(1, **params).sample(f32([0.3]), [0, 0], 7) == 0

@@ -10,7 +10,8 @@
 //  4. temperature <= 0: argmax of l, ties to the lowest id. Done (top-k/p, min-p unused).
 //  5. order           tokens by l descending, ties by id ascending. exp is monotone, so this is
 //                     "prob descending, ties by id". top-k (0 < k < n_vocab): keep the first k.
-//  6. softmax         float64: w = exp((l - l_max) / T), so the top token has w = 1 exactly;
+//  6. softmax         float64: w = exp((l - l_max) / T) (Sampler::exp_neg: within 1 ulp), so the
+//                     top token has w = 1 exactly;
 //                     Z = sum of w over the tokens left by step 5. (Probabilities are w / Z.)
 //  7. top-p (< 1)     keep the shortest prefix whose cumulative w >= top_p * Z (>= 1 token).
 //  8. min-p (> 0)     drop tokens with w < min_p, i.e. prob < min_p * max_prob. Tokens with
@@ -25,17 +26,21 @@
 // Cost (n = n_vocab). No allocation in sample(): all scratch is sized in the constructor, and
 // sort / nth_element / heap operations work in place (only error paths allocate, for messages).
 //  - Bias and penalties: a copy of the logits plus O(|bias| + |W|); no copy when both are off.
-//  - Greedy: one pass over the logits.
-//  - top-k: one pass keeping a k-heap (k <= n/8) or nth_element over all ids; then sort k.
-//  - No top-k: a max pass, then an exp pass that puts each token in a bucket of its distance
-//    below the largest logit, d = (l_max - l) / T (up to 8192 buckets over d < 40, the rest in
-//    the last), summing each bucket's w (every token's, and min-p's kept ones'). Equal logits
-//    share a bucket and higher logits never come in a later one, so the walks of steps 7 and 10
-//    step over whole buckets by their sums and sort (by step 5's order) only the bucket where
-//    each ends: top-p's end, then the draw. Sums are float64 as the contract's, summed bucket by
-//    bucket rather than token by token, so a draw can differ from a strictly sequential sum only
-//    where u * S falls within a few float64 roundings of a token's edge. Was: the tokens sorted
-//    as far as each walk went (8-16 ms at 128k tokens, 2-core VM; now ~2 ms, bench/NOTES.md).
+//  - Greedy: the max pass (vectorized, as every path's), then a search for the first block of 64
+//    holding the max.
+//  - top-k: k <= 128, a pass offering tokens to a k-heap, skipping whole blocks of 64 with none
+//    above the kept worst; larger k, a histogram of the distance below the max, nth_element over
+//    the tokens of its buckets that reach k. Then sort k (sample_top_k).
+//  - No top-k: the max pass, then an exp pass (vectorized) that puts each token in a bucket of
+//    its distance below the largest logit, d = (l_max - l) / T (up to 8192 buckets over d < 40,
+//    the rest in the last), summing each bucket's w (every token's, and min-p's kept ones').
+//    Equal logits share a bucket and higher logits never come in a later one, so the walks of
+//    steps 7 and 10 step over whole buckets by their sums and sort (by step 5's order) only the
+//    bucket where each ends: top-p's end, then the draw. Sums are float64 as the contract's,
+//    summed bucket by bucket rather than token by token, so a draw can differ from a strictly
+//    sequential sum only where u * S falls within a few float64 roundings of a token's edge.
+//    Was: the tokens sorted as far as each walk went (8-16 ms at 128k tokens, 2-core VM; now
+//    ~1 ms, bench/NOTES.md).
 #include "edgerunner/sampler.h"
 
 #include <algorithm>
@@ -164,7 +169,7 @@ ER_VECTOR_CLONES size_t next_block_above(const float* l, size_t i, size_t n, flo
 ER_VECTOR_CLONES void exp_pass(const float* l, size_t n, double l_max, double t, double per_b, int32_t last,
                                double* w, uint16_t* of) {
     for (size_t i = 0; i < n; ++i) {
-        const double d = (l_max - l[i]) / t;
+        const double d = l[i] == l_max ? 0.0 : (l_max - l[i]) / t;  // (0, not NaN, where l_max is +inf)
         w[i] = weight(d);
         of[i] = static_cast<uint16_t>(static_cast<int32_t>(std::min(d * per_b, static_cast<double>(last))));
     }
@@ -174,7 +179,7 @@ ER_VECTOR_CLONES void exp_pass(const float* l, size_t n, double l_max, double t,
 // logit, d = l_max - l[i] (float32, >= 0, so the bits order like d).
 ER_VECTOR_CLONES void distance_keys(const float* l, size_t n, float l_max, uint16_t* key) {
     for (size_t i = 0; i < n; ++i) {
-        const float d = l_max - l[i];
+        const float d = l[i] == l_max ? 0.0f : l_max - l[i];  // (0, not NaN, where l_max is +inf)
         uint32_t b;
         std::memcpy(&b, &d, sizeof b);
         key[i] = static_cast<uint16_t>(b >> 19);
@@ -359,7 +364,7 @@ int32_t Sampler::sample_top_k(const float* l, size_t k, double u) {
     double* w = probs_.data();  // indexed by position here
     double z = 0.0;
     for (size_t i = 0; i < k; ++i) {
-        w[i] = weight((l_max - l[ids[i]]) / t);
+        w[i] = weight(l[ids[i]] == l_max ? 0.0 : (l_max - l[ids[i]]) / t);
         z += w[i];
     }
     size_t kept = k;
