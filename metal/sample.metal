@@ -241,7 +241,8 @@ kernel void sample(constant er_sample_args& a [[buffer(ER_BUFFER_ARGS)]],
 
     // w = exp((l - l_max) / T): the top token weighs exactly 1. Each thread later reads only the
     // weights it wrote.
-    for (uint i = tid; i < n; i += ER_THREADS_SAMPLE) a.weights[i] = precise::exp((l[i] - mx) / step.temperature);
+    for (uint i = tid; i < n; i += ER_THREADS_SAMPLE)  // (l == mx: 1, not NaN, for +inf at a +inf max)
+        a.weights[i] = l[i] == mx ? 1.0f : precise::exp((l[i] - mx) / step.temperature);
 
     SampleState st;
     st.n = n;

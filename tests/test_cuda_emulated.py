@@ -100,6 +100,25 @@ def test_sampler_kernel_draws_as_the_cpu_sampler(emulator, tmp_path, params):
                 assert got == want, f"{params} n={n} hard={hard} seed={s} step={step} (test seed {seed}): kernel {got}, CPU {want}"
 
 
+@pytest.mark.parametrize("params", [dict(temperature=1.0), dict(temperature=0.8, top_p=0.9, min_p=0.1),
+                                    dict(temperature=1.0, top_k=40), dict(temperature=1.0, top_k=5000)],
+                         ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_sampler_kernel_draws_only_infinite_logits_where_there_are_some(emulator, tmp_path, params):
+    """+inf logits (an overflow, or a logit bias of +inf that forces a token): each weighs 1 and
+    every other token 0 (a logit equal to the max is at distance 0, not inf - inf = NaN), on the
+    kernels as on the CPU; top-k 5000 takes the bisection."""
+    rng = np.random.default_rng(4)
+    n = 40000
+    l = rng.normal(0, 4, n).astype(np.float32)
+    forced = [5, 30001, 39999]
+    l[forced] = np.inf
+    for s in range(1, 5):
+        want = _core.Sampler(n, seed=s, **params).sample(l, [], s)
+        assert want in forced
+        got = draw(emulator, tmp_path, l, dict(params, seed=s), step=s)
+        assert got == want, f"{params} seed={s}: kernel {got}, CPU {want}"
+
+
 # the cuts of these land inside groups of equal logits: top-p's and the draw's (their candidates
 # then overflow into the bisection), top-k's past 1024 (more candidates than a block sorts: the
 # bisection) and within 1024 (the one-block radix search)

@@ -143,8 +143,8 @@ __device__ __forceinline__ uint32_t uniform_bits(uint64_t seed, uint64_t step) {
 // The contract's softmax weight, float64: exp((l - mx) / T), the largest logit weighing 1 exactly;
 // from a token's distance below the largest logit in units of T, d = (mx - l) / T (the same
 // bits negated).
-__device__ __forceinline__ double distance(float l, float mx, double t) {
-    return __ddiv_rn(__dsub_rn(static_cast<double>(mx), static_cast<double>(l)), t);
+__device__ __forceinline__ double distance(float l, float mx, double t) {  // (0, not NaN, for +inf at a +inf max)
+    return l == mx ? 0.0 : __ddiv_rn(__dsub_rn(static_cast<double>(mx), static_cast<double>(l)), t);
 }
 __device__ __forceinline__ double weight_at(double d) { return d == 0.0 ? 1.0 : exp(-d); }
 __device__ __forceinline__ double weight(float l, float mx, double t) { return weight_at(distance(l, mx, t)); }
