@@ -241,6 +241,22 @@ def test_sampler_kernel_on_hard_logits(emulator, tmp_path, params):
             assert got == want, f"{params} n={n} seed={seed} step={step}: kernel {got}, CPU sampler {want}"
 
 
+def test_sampler_kernel_draws_only_infinite_logits_where_there_are_some(emulator, tmp_path):
+    """+inf logits (an overflow, or a logit bias of +inf that forces a token) each weigh 1 and every
+    other token 0 (a logit equal to the max weighs 1, not exp(inf - inf) = NaN), as on the CPU."""
+    n = 5000
+    l = np.random.default_rng(4).normal(0, 4, n).astype(np.float32)
+    forced = [5, 2500, 4999]
+    l[forced] = np.inf
+    l.tofile(tmp_path / "l.bin")
+    for params in SAMPLING[1:]:
+        flags = [x for k, v in params.items() for x in (f"--{k.replace('_', '-')}", v)]
+        for seed in (1, 2):
+            want = _core.Sampler(n, seed=seed, **params).sample(l, [], seed)
+            got = int(run(emulator, "sample", tmp_path / "l.bin", "--seed", seed, "--step", seed, *flags))
+            assert want in forced and got == want, f"{params} seed={seed}: kernel {got}, CPU sampler {want}"
+
+
 def test_sampler_kernel_reports_no_finite_logit(emulator, tmp_path):
     np.full(100, -np.inf, np.float32).tofile(tmp_path / "l.bin")
     assert int(run(emulator, "sample", tmp_path / "l.bin", "--temperature", 0.8)) == -1
