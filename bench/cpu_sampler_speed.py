@@ -1,9 +1,9 @@
-"""The CPU sampler's time a draw, by sampling setting (T 0.8 alone or with the
+"""The CPU sampler's time a draw, by sampling setting (greedy; T 0.8 alone or with the
 cuts named), on logits shaped like a model's:
 
     python3 bench/cpu_sampler_speed.py [--draws 50]
 
-What the CPU backend pays every token, and a GPU generation once (its first token, drawn on the
+What the CPU backend pays every token (and a Metal generation for its first token, drawn on the
 host from the prompt's logits). Logits: as flat as a random-weight Llama's last ones (normal,
 std 0.93) at 49152 (SmolLM2), 128256 (Llama 3) and 262144 (Gemma 3) tokens, and peaked (std 4) at
 128256. Median ms a draw over --draws RNG steps; run it under two builds (PYTHONPATH) for an A/B.
@@ -18,6 +18,7 @@ import numpy as np
 from edgerunner import _core
 
 SETTINGS = {
+    "greedy": dict(temperature=0.0),
     "T 0.8": dict(temperature=0.8),
     "+ top-p 0.9": dict(temperature=0.8, top_p=0.9),
     "+ min-p 0.05": dict(temperature=0.8, min_p=0.05),
