@@ -78,9 +78,10 @@ struct Better {
 }
 
 // The loops the compiler vectorizes (the file is built with -fno-trapping-math, without which
-// GCC turns their selects into branches) get an AVX2 clone where the CPU has it, picked at load.
-// Every clone gives the same bits: the same IEEE operations, none fused (-ffp-contract=off).
-#if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__))
+// GCC turns their selects into branches) get an AVX2 clone where the CPU has it, picked at load
+// (an ifunc: glibc's; elsewhere, musl for one, the baseline's vectors alone). Every clone gives
+// the same bits: the same IEEE operations, none fused (-ffp-contract=off).
+#if defined(__x86_64__) && defined(__ELF__) && defined(__GLIBC__) && (defined(__GNUC__) || defined(__clang__))
 #define ER_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define ER_VECTOR_CLONES
