@@ -41,7 +41,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     penalty_last_n: int = 64  # -1: the whole history, 0: penalties off
-    logit_bias: Mapping[int, float] = field(default_factory=dict)  # -inf bans a token
+    logit_bias: Mapping[int, float] = field(default_factory=dict)  # -inf bans a token; +inf forces it (several: drawn among them)
     seed: int = 0
 
     def __post_init__(self) -> None:
