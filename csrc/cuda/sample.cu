@@ -312,9 +312,9 @@ constexpr int kMaxTopK = 4096;        // top-k's candidates a block sorts and wa
 // The CPU sampler's walk over the k best tokens, cand[0, k) in the contract's order (k = p.top_k
 // <= kMaxTopK; shared memory): softmax weights (each in place of its token's order key, whose id
 // goes to ids, k ints of global scratch), top-p prefix, min-p suffix, the draw, summed in its
-// order by one thread (thread 0's answer). Its four serial walks read shared memory: from global
-// scratch each load waited on the one before (likely most of top-k 2000's +0.22 ms a token; the
-// change is not yet measured, bench/NOTES.md).
+// order by one thread (thread 0's answer). Its four serial walks read shared memory (from global
+// scratch, top-k 2000 cost +0.21 ms a token over greedy on an H100; from shared, +0.18: the rest
+// lies elsewhere in SampleWalk's last block, bench/NOTES.md).
 __device__ int32_t walk_top_k(const float* __restrict__ l, unsigned long long* cand, const DeviceSampling& p, double u, float mx,
                               int32_t* ids) {
     const int k = p.top_k;
