@@ -434,7 +434,9 @@ def test_softmax_weight_is_exp_to_an_ulp():
 
 
 def test_greedy_ties_across_signed_zeros_and_lanes():
-    for n in [1, 7, 8, 9, 33]:
+    """Greedy finds the first block of 64 holding the max, then the token: sizes within one
+    block, on block edges and with a tail, the max in a late block."""
+    for n in [1, 7, 8, 9, 33, 64, 65, 200, 4099]:
         x = np.full(n, -np.inf, dtype=np.float32)
         x[n - 1] = 0.0
         assert _core.Sampler(n).sample(x) == n - 1

@@ -42,6 +42,7 @@
 //    Was: the tokens sorted as far as each walk went (8-16 ms at 128k tokens, 2-core VM; now
 //    ~1 ms, bench/NOTES.md).
 #include "edgerunner/sampler.h"
+#include "edgerunner/half.h"
 
 #include <algorithm>
 #include <cmath>
@@ -132,8 +133,7 @@ inline double weight(double d) {
 // An integer that orders like the float (negatives' magnitude bits flipped), for maxima the
 // compiler vectorizes: a float maximum is not a reduction it may reorder, an integer one is.
 inline int32_t order_key(float v) {
-    int32_t b;
-    std::memcpy(&b, &v, sizeof b);
+    const int32_t b = static_cast<int32_t>(fp32_to_bits(v));
     return b ^ ((b >> 31) & 0x7fffffff);
 }
 
@@ -146,10 +146,7 @@ ER_VECTOR_CLONES float max_logit(const float* l, size_t n, bool* nan) {
         any |= l[i] != l[i];
     }
     *nan = any != 0;
-    best ^= (best >> 31) & 0x7fffffff;
-    float m;
-    std::memcpy(&m, &best, sizeof m);
-    return m;
+    return fp32_from_bits(static_cast<uint32_t>(best ^ ((best >> 31) & 0x7fffffff)));
 }
 
 // The first block of kBlock logits from l[i] (i a multiple of kBlock) with one above t (perhaps
@@ -181,9 +178,7 @@ ER_VECTOR_CLONES void exp_pass(const float* l, size_t n, double l_max, double t,
 ER_VECTOR_CLONES void distance_keys(const float* l, size_t n, float l_max, uint16_t* key) {
     for (size_t i = 0; i < n; ++i) {
         const float d = l[i] == l_max ? 0.0f : l_max - l[i];  // (0, not NaN, where l_max is +inf)
-        uint32_t b;
-        std::memcpy(&b, &d, sizeof b);
-        key[i] = static_cast<uint16_t>(b >> 19);
+        key[i] = static_cast<uint16_t>(fp32_to_bits(d) >> 19);
     }
 }
 
