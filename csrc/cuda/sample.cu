@@ -146,7 +146,23 @@ __device__ __forceinline__ uint32_t uniform_bits(uint64_t seed, uint64_t step) {
 __device__ __forceinline__ double distance(float l, float mx, double t) {  // (0, not NaN, for +inf at a +inf max)
     return l == mx ? 0.0 : __ddiv_rn(__dsub_rn(static_cast<double>(mx), static_cast<double>(l)), t);
 }
-__device__ __forceinline__ double weight_at(double d) { return d == 0.0 ? 1.0 : exp(-d); }
+// e^-d computed as the CPU sampler's weight computes it (sampler.cpp), operation for operation and
+// each rounded once (no fused multiply-add): Cody-Waite reduction, Taylor to r^13, 2^n as two
+// factors. A token weighs the same bits on both, and e^0 is 1 exactly.
+__device__ __forceinline__ double weight_at(double d) {
+    const double x = -(746.0 < d ? 746.0 : d);  // (std::min's: NaN stays NaN)
+    constexpr double kShifter = 0x1.8p52;
+    const double k = __dadd_rn(__dmul_rn(x, 0x1.71547652b82fep0), kShifter);
+    const double n = __dsub_rn(k, kShifter);
+    const double r = __dsub_rn(__dsub_rn(x, __dmul_rn(n, 0x1.62e42feep-1)), __dmul_rn(n, 0x1.a39ef35793c76p-33));
+    const auto horner = [r](double q, double c) { return __dadd_rn(__dmul_rn(q, r), c); };
+    double q = horner(1.0 / 6227020800.0, 1.0 / 479001600.0);
+    q = horner(horner(horner(horner(q, 1.0 / 39916800.0), 1.0 / 3628800.0), 1.0 / 362880.0), 1.0 / 40320.0);
+    q = horner(horner(horner(horner(q, 1.0 / 5040.0), 1.0 / 720.0), 1.0 / 120.0), 1.0 / 24.0);
+    q = horner(horner(horner(horner(q, 1.0 / 6.0), 0.5), 1.0), 1.0);
+    const long long e = __double_as_longlong(k) - __double_as_longlong(kShifter), e1 = e >> 1;
+    return __dmul_rn(__dmul_rn(q, __longlong_as_double((e1 + 1023) << 52)), __longlong_as_double((e - e1 + 1023) << 52));
+}
 __device__ __forceinline__ double weight(float l, float mx, double t) { return weight_at(distance(l, mx, t)); }
 
 // A token's mass is its weight w in fixed point, w · 2^shift rounded (0 where w is 0 or NaN), with
@@ -309,14 +325,32 @@ __device__ int32_t draw_by_bisection(const float* __restrict__ l, int32_t n, con
 constexpr int kMaxCandidates = 1024;  // the tokens a block walks one a thread (walk_cuts, sample_top_k)
 constexpr int kMaxTopK = 4096;        // top-k's candidates a block sorts and walks (SampleWalk)
 
+// The first i in [0, count) where test(i) holds, count where none does (every thread's answer).
+template <typename F>
+__device__ int block_first_of(int count, F test, int* first) {
+    int mine = count;
+    for (int i = static_cast<int>(threadIdx.x); i < count; i += kThreads)
+        if (test(i)) {
+            mine = i;
+            break;
+        }
+    __syncthreads();
+    if (threadIdx.x == 0) *first = count;
+    __syncthreads();
+    if (mine < count) atomicMin(first, mine);
+    __syncthreads();
+    return *first;
+}
+
 // The CPU sampler's walk over the k best tokens, cand[0, k) in the contract's order (k = p.top_k
-// <= kMaxTopK; shared memory): softmax weights (each in place of its token's order key, whose id
-// goes to ids, k ints of global scratch), top-p prefix, min-p suffix, the draw, summed in its
-// order by one thread (thread 0's answer). Its four serial walks read shared memory (from global
-// scratch, top-k 2000 cost +0.21 ms a token over greedy on an H100; from shared, +0.18: the rest
-// lies elsewhere in SampleWalk's last block, bench/NOTES.md).
+// <= kMaxTopK; shared memory), sum for sum: softmax weights (each in place of its token's order
+// key, whose id goes to ids, k ints of global scratch), then their running sums in the CPU's
+// order by one thread, which are its top-p prefix, its min-p sum and its draw alike: each cut is
+// the first index past a sum, searched by the whole block (every thread's answer). (Four serial
+// walks by one thread, the CPU's loops, cost top-k 2000 +0.18 ms a token on an H100.)
 __device__ int32_t walk_top_k(const float* __restrict__ l, unsigned long long* cand, const DeviceSampling& p, double u, float mx,
                               int32_t* ids) {
+    __shared__ int first_at;
     const int k = p.top_k;
     for (int i = threadIdx.x; i < k; i += kThreads) {
         const int32_t id = order_id(cand[i]);
@@ -324,33 +358,24 @@ __device__ int32_t walk_top_k(const float* __restrict__ l, unsigned long long* c
         cand[i] = static_cast<unsigned long long>(__double_as_longlong(weight(l[id], mx, p.temperature)));
     }
     __syncthreads();
-    if (threadIdx.x != 0) return 0;
-    const auto wk = [&](int i) { return __longlong_as_double(static_cast<long long>(cand[i])); };
-    double z = 0.0;
-    for (int i = 0; i < k; ++i) z += wk(i);
-    int kept = k;
-    if (p.top_p < 1.0f) {
-        const double target = p.top_p * z;
-        double cum = 0.0;
-        for (int i = 0; i < k; ++i)
-            if ((cum += wk(i)) >= target) {
-                kept = i + 1;
-                break;
-            }
+    const auto at = [&](int i) { return __longlong_as_double(static_cast<long long>(cand[i])); };
+    const double min_w = p.min_p;  // w is non-increasing: min-p and w == 0 cut a suffix, from here
+    const int cut_m = block_first_of(k, [&](int i) { return !(at(i) >= min_w && at(i) > 0.0); }, &first_at);
+    if (threadIdx.x == 0) {  // cand[i] = w[0] + ... + w[i], added in order
+        double sum = 0.0;
+#pragma unroll 8
+        for (int i = 0; i < k; ++i) cand[i] = static_cast<unsigned long long>(__double_as_longlong(sum = __dadd_rn(sum, at(i))));
     }
-    const double min_w = p.min_p;
-    int m = 0;  // w is non-increasing: min-p and w == 0 cut a suffix
-    double s = 0.0;
-    while (m < kept && wk(m) >= min_w && wk(m) > 0.0) s += wk(m++);
-    const double target = u * s;
-    double cum = 0.0;
-    int pick = m - 1;
-    for (int i = 0; i < m; ++i)
-        if ((cum += wk(i)) > target) {
-            pick = i;
-            break;
-        }
-    return ids[pick];
+    __syncthreads();
+    int kept = k;
+    if (p.top_p < 1.0f) {  // the nucleus ends at the first token whose running sum reaches top_p · Z
+        const double target = p.top_p * at(k - 1);
+        kept = min(k, block_first_of(k, [&](int i) { return at(i) >= target; }, &first_at) + 1);
+    }
+    const int m = min(kept, cut_m);  // (at least 1: the first token weighs 1)
+    const double target = u * at(m - 1);
+    const int pick = block_first_of(m, [&](int i) { return at(i) > target; }, &first_at);
+    return ids[min(pick, m - 1)];
 }
 
 // top-k with k <= kMaxCandidates in one block: the k-th largest key θ comes from a radix search
