@@ -600,8 +600,13 @@ __device__ void SampleMass::run(const SampleArgs& a) {
         const int32_t f = !valid ? 0 : use.counts ? bucket_of_key(key(v)) : bucket_at(d);
         const double w = valid && !use.counts ? weight_at(d) : 0.0;
         const unsigned long long q = use.counts ? valid : fixed_mass(w, scale), q_kept = w >= min_w ? q : 0;
-        if (q != 0 && use.all) atomicAdd(&st.fine[0][f], q);
-        if (q_kept != 0 && use.kept) atomicAdd(&st.fine[1][f], q_kept);
+        if (use.counts) {  // top-k's counts: a warp's tokens of one key bucket added at once (logits crowd a few)
+            const unsigned same = __match_any_sync(kFull, valid ? f : -1);
+            if (valid && lane == __ffs(static_cast<int>(same)) - 1) atomicAdd(&st.fine[0][f], static_cast<unsigned long long>(__popc(same)));
+        } else {
+            if (q != 0 && use.all) atomicAdd(&st.fine[0][f], q);
+            if (q_kept != 0 && use.kept) atomicAdd(&st.fine[1][f], q_kept);
+        }
         // coarse: where the warp's tokens fall in a few buckets, each bucket's lanes summed first (a
         // pass per bucket); else each lane adds its own (the shared 64-bit add is a compare-and-swap loop)
         const unsigned bucket = valid ? static_cast<unsigned>(f) >> 8 : 256u, peers = __match_any_sync(kFull, bucket);
