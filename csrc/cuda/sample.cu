@@ -128,6 +128,58 @@ __device__ void sort_descending(unsigned long long* cand, int count) {
     __syncthreads();
 }
 
+// The same for count > kThreads (up to kThreads · E), in fewer barriers: E keys a thread in
+// registers (a warp's 32 E in a row), strides under 32 E between lanes by shuffles, the longer
+// ones in shared memory (at 4096 keys, 15 barrier stages where sort_descending has 78).
+template <int E>
+__device__ void sort_descending_wide(unsigned long long* cand, int count) {
+    const int lane = static_cast<int>(threadIdx.x % 32), base = static_cast<int>(threadIdx.x / 32) * 32 * E + lane * E;
+    unsigned long long v[E];
+    __syncthreads();  // (cand written)
+#pragma unroll
+    for (int r = 0; r < E; ++r) v[r] = base + r < count ? cand[base + r] : 0ull;
+    // keys p and p ^ stride: the lower one keeps the larger where p's run of `width` descends
+    const auto in_warp = [&](int width, int top) {
+        for (int stride = top; stride >= E; stride /= 2)
+#pragma unroll
+            for (int r = 0; r < E; ++r) {
+                const int p = base + r;
+                const unsigned long long y = __shfl_xor_sync(kFull, v[r], stride / E), hi = max(v[r], y), lo = min(v[r], y);
+                v[r] = ((p & width) == 0) == ((p & stride) == 0) ? hi : lo;
+            }
+#pragma unroll
+        for (int stride = E / 2; stride > 0; stride /= 2)
+#pragma unroll
+            for (int r = 0; r < E; ++r)
+                if (!(r & stride) && stride <= top) {
+                    const unsigned long long hi = max(v[r], v[r | stride]), lo = min(v[r], v[r | stride]);
+                    const bool descending = ((base + r) & width) == 0;
+                    v[r] = descending ? hi : lo;
+                    v[r | stride] = descending ? lo : hi;
+                }
+    };
+    for (int width = 2; width <= 32 * E; width *= 2) in_warp(width, width / 2);
+    for (int width = 64 * E; width <= kThreads * E; width *= 2) {
+#pragma unroll
+        for (int r = 0; r < E; ++r) cand[base + r] = v[r];
+        for (int stride = width / 2; stride >= 32 * E; stride /= 2) {
+            __syncthreads();
+            for (int t = threadIdx.x; t < kThreads * E / 2; t += kThreads) {  // pair t: i with i + stride
+                const int i = 2 * t - (t & (stride - 1)), j = i + stride;
+                const unsigned long long x = cand[i], y = cand[j];
+                if (((i & width) == 0) == (x < y)) cand[i] = y, cand[j] = x;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < E; ++r) v[r] = cand[base + r];
+        in_warp(width, 16 * E);
+    }
+#pragma unroll
+    for (int r = 0; r < E; ++r) cand[base + r] = v[r];
+    __syncthreads();
+}
+
 // A token's order key: its logit's key, then its id reversed (the contract's order, descending).
 __device__ __forceinline__ unsigned long long order_key(uint32_t k, int32_t id) {
     return static_cast<unsigned long long>(k) << 32 | ~static_cast<uint32_t>(id);
@@ -324,6 +376,7 @@ __device__ int32_t draw_by_bisection(const float* __restrict__ l, int32_t n, con
 
 constexpr int kMaxCandidates = 1024;  // the tokens a block walks one a thread (walk_cuts, sample_top_k)
 constexpr int kMaxTopK = 4096;        // top-k's candidates a block sorts and walks (SampleWalk)
+static_assert(kMaxTopK <= 4 * kThreads, "SampleWalk sorts up to 4 keys a thread");
 
 // The first i in [0, count) where test(i) holds, count where none does (every thread's answer).
 template <typename F>
@@ -765,7 +818,9 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     int32_t* ids = reinterpret_cast<int32_t*>(cand);  // (walk_top_k's ids: the candidates are in `sorted` by then)
     if (count <= (use.top_k ? kMaxTopK : kMaxCandidates) && hi >= 0) {
         for (int i = threadIdx.x; i < count; i += kThreads) sorted[i] = __ldcg(cand + i);
-        sort_descending(sorted, count);
+        if (count <= kThreads) sort_descending(sorted, count);
+        else if (count <= 2 * kThreads) sort_descending_wide<2>(sorted, count);
+        else sort_descending_wide<4>(sorted, count);
         token = use.top_k ? walk_top_k(a.logits, sorted, p, u_bits * 0x1.0p-24, mx, ids)  // (at least k: every token from its bucket up)
                           : walk_cuts(a.logits, n, sorted, count, st, p, u_bits, mx);
     }
