@@ -43,6 +43,7 @@
 //    ~1 ms, bench/NOTES.md).
 #include "edgerunner/sampler.h"
 #include "edgerunner/half.h"
+#include "edgerunner/softmax_weight.h"
 
 #include <algorithm>
 #include <cmath>
@@ -88,47 +89,8 @@ struct Better {
 #define ER_VECTOR_CLONES
 #endif
 
-double from_bits(int64_t b) {
-    double d;
-    std::memcpy(&d, &b, sizeof d);
-    return d;
-}
-int64_t to_bits(double d) {
-    int64_t b;
-    std::memcpy(&b, &d, sizeof b);
-    return b;
-}
-
-// The softmax weight e^-d (d >= 0; Sampler::exp_neg). Cody-Waite: -d = n ln2 + r with n an
-// integer and |r| <= ln2 / 2 (ln2's high part has 21 trailing zero bits, so n * hi is exact), then
-// e^r by its Taylor series to r^13 (the next term is under 5e-18) times 2^n built from bits, as two
-// normal factors so that results down to the subnormals round once. d is clamped at 746, where
-// e^-d rounds to 0 (+inf too). No branch, so that the exp pass vectorizes; within 1 ulp of e^-d
-// (tests/test_sampler.py). Internal, so that the pass inlines it (-fPIC may interpose a global).
-inline double weight(double d) {
-    const double x = -std::min(d, 746.0);
-    constexpr double kShifter = 0x1.8p52;  // adding it rounds to an integer, kept in the low bits
-    const double k = x * 0x1.71547652b82fep0 + kShifter;  // x · log2(e)
-    const double n = k - kShifter;
-    const double r = (x - n * 0x1.62e42feep-1) - n * 0x1.a39ef35793c76p-33;
-    double p = 1.0 / 6227020800.0;
-    p = p * r + 1.0 / 479001600.0;
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    const int64_t e = to_bits(k) - to_bits(kShifter);  // n, in [-1076, 0]
-    const int64_t e1 = e >> 1;
-    return p * from_bits((e1 + 1023) << 52) * from_bits((e - e1 + 1023) << 52);
-}
+// The contract's e^-d (edgerunner/softmax_weight.h, shared with the CUDA sampler).
+using softmax::weight;
 
 // An integer that orders like the float (negatives' magnitude bits flipped), for maxima the
 // compiler vectorizes: a float maximum is not a reduction it may reorder, an integer one is.

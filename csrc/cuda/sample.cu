@@ -23,6 +23,7 @@
 #include <cfloat>
 
 #include "check.cuh"
+#include "edgerunner/softmax_weight.h"
 #include "sample.cuh"
 
 namespace edgerunner::cuda {
@@ -109,6 +110,16 @@ __device__ __forceinline__ void emit(const SampleArgs& a, int32_t token) {
     if (a.out_host) __threadfence_system();
 }
 
+// One stage of a bitonic sort of `size` keys in shared memory: pair t is i with i + stride, its
+// run of `width` descending where i's bit `width` is clear, else ascending.
+__device__ __forceinline__ void bitonic_stage(unsigned long long* cand, int size, int width, int stride) {
+    for (int t = threadIdx.x; t < size / 2; t += kThreads) {
+        const int i = 2 * t - (t & (stride - 1)), j = i + stride;
+        const unsigned long long x = cand[i], y = cand[j];
+        if (((i & width) == 0) == (x < y)) cand[i] = y, cand[j] = x;
+    }
+}
+
 // Sorts cand[0, count) (in shared memory with room for the next power of two) into descending
 // order: a bitonic sort, block-wide (each thread its pairs), the tail padded with zeros.
 __device__ void sort_descending(unsigned long long* cand, int count) {
@@ -119,11 +130,7 @@ __device__ void sort_descending(unsigned long long* cand, int count) {
     for (int width = 2; width <= size; width *= 2)
         for (int stride = width / 2; stride > 0; stride /= 2) {
             __syncthreads();
-            for (int t = threadIdx.x; t < size / 2; t += kThreads) {  // pair t: i with i + stride
-                const int i = 2 * t - (t & (stride - 1)), j = i + stride;
-                const unsigned long long x = cand[i], y = cand[j];
-                if (((i & width) == 0) == (x < y)) cand[i] = y, cand[j] = x;
-            }
+            bitonic_stage(cand, size, width, stride);
         }
     __syncthreads();
 }
@@ -164,11 +171,7 @@ __device__ void sort_descending_wide(unsigned long long* cand, int count) {
         for (int r = 0; r < E; ++r) cand[base + r] = v[r];
         for (int stride = width / 2; stride >= 32 * E; stride /= 2) {
             __syncthreads();
-            for (int t = threadIdx.x; t < kThreads * E / 2; t += kThreads) {  // pair t: i with i + stride
-                const int i = 2 * t - (t & (stride - 1)), j = i + stride;
-                const unsigned long long x = cand[i], y = cand[j];
-                if (((i & width) == 0) == (x < y)) cand[i] = y, cand[j] = x;
-            }
+            bitonic_stage(cand, kThreads * E, width, stride);
         }
         __syncthreads();
 #pragma unroll
@@ -198,23 +201,8 @@ __device__ __forceinline__ uint32_t uniform_bits(uint64_t seed, uint64_t step) {
 __device__ __forceinline__ double distance(float l, float mx, double t) {  // (0, not NaN, for +inf at a +inf max)
     return l == mx ? 0.0 : __ddiv_rn(__dsub_rn(static_cast<double>(mx), static_cast<double>(l)), t);
 }
-// e^-d computed as the CPU sampler's weight computes it (sampler.cpp), operation for operation and
-// each rounded once (no fused multiply-add): Cody-Waite reduction, Taylor to r^13, 2^n as two
-// factors. A token weighs the same bits on both, and e^0 is 1 exactly.
-__device__ __forceinline__ double weight_at(double d) {
-    const double x = -(746.0 < d ? 746.0 : d);  // (std::min's: NaN stays NaN)
-    constexpr double kShifter = 0x1.8p52;
-    const double k = __dadd_rn(__dmul_rn(x, 0x1.71547652b82fep0), kShifter);
-    const double n = __dsub_rn(k, kShifter);
-    const double r = __dsub_rn(__dsub_rn(x, __dmul_rn(n, 0x1.62e42feep-1)), __dmul_rn(n, 0x1.a39ef35793c76p-33));
-    const auto horner = [r](double q, double c) { return __dadd_rn(__dmul_rn(q, r), c); };
-    double q = horner(1.0 / 6227020800.0, 1.0 / 479001600.0);
-    q = horner(horner(horner(horner(q, 1.0 / 39916800.0), 1.0 / 3628800.0), 1.0 / 362880.0), 1.0 / 40320.0);
-    q = horner(horner(horner(horner(q, 1.0 / 5040.0), 1.0 / 720.0), 1.0 / 120.0), 1.0 / 24.0);
-    q = horner(horner(horner(horner(q, 1.0 / 6.0), 0.5), 1.0), 1.0);
-    const long long e = __double_as_longlong(k) - __double_as_longlong(kShifter), e1 = e >> 1;
-    return __dmul_rn(__dmul_rn(q, __longlong_as_double((e1 + 1023) << 52)), __longlong_as_double((e - e1 + 1023) << 52));
-}
+// e^-d, the CPU sampler's bits (edgerunner/softmax_weight.h: one definition for both).
+__device__ __forceinline__ double weight_at(double d) { return softmax::weight(d); }
 __device__ __forceinline__ double weight(float l, float mx, double t) { return weight_at(distance(l, mx, t)); }
 
 // A token's mass is its weight w in fixed point, w · 2^shift rounded (0 where w is 0 or NaN), with
@@ -270,14 +258,16 @@ __device__ unsigned long long block_scan(unsigned long long v, unsigned long lon
     for (int w = 0; w < warp; ++w) v += warp_sums[w];
     return v;
 }
-__device__ int block_first(bool test, int* first) {
+// The least of the threads' `mine` (none where none is less; every thread's answer).
+__device__ int block_min(int mine, int none, int* first) {
     __syncthreads();
-    if (threadIdx.x == 0) *first = kThreads;
+    if (threadIdx.x == 0) *first = none;
     __syncthreads();
-    if (test) atomicMin(first, static_cast<int>(threadIdx.x));
+    if (mine < none) atomicMin(first, mine);
     __syncthreads();
     return *first;
 }
+__device__ int block_first(bool test, int* first) { return block_min(test ? static_cast<int>(threadIdx.x) : kThreads, kThreads, first); }
 
 // The largest key θ for which ok(θ) holds (ok non-increasing in θ, ok(0) true).
 template <typename F>
@@ -387,12 +377,7 @@ __device__ int block_first_of(int count, F test, int* first) {
             mine = i;
             break;
         }
-    __syncthreads();
-    if (threadIdx.x == 0) *first = count;
-    __syncthreads();
-    if (mine < count) atomicMin(first, mine);
-    __syncthreads();
-    return *first;
+    return block_min(mine, count, first);
 }
 
 // The CPU sampler's walk over the k best tokens, cand[0, k) in the contract's order (k = p.top_k
