@@ -147,6 +147,25 @@ def test_sampler_kernel_walks_equal_logits_in_id_order(emulator, tmp_path, param
     assert in_groups >= 2, f"{params}: only {in_groups} of 8 draws in a group of equal logits"
 
 
+@pytest.mark.parametrize("k", [40, 1000])
+def test_sampler_kernel_top_k_counts_from_each_blocks_floor(emulator, tmp_path, k):
+    """top-k's counts skip each block's tokens below its own k-th best (its floor): the k best all
+    in the last blocks (rising logits), all in the first (falling), or one a block over crowded flat
+    logits (the floors then far below the cut, the rest of a block tied just under it); every draw
+    equals the CPU sampler's."""
+    rng = np.random.default_rng(7)
+    n = 40000  # 40 blocks of 1024 tokens (SampleMass's), the last one short
+    flat = rng.normal(4.3, 0.93, n).astype(np.float32)
+    spread = np.full(n, np.float32(2.0))
+    spread[rng.integers(0, n, n // 2)] = np.float32(1.9990234)  # (the same key bucket as 2.0)
+    spread[np.arange(0, n, 1024)[: min(k, 40)]] = 3.0 + rng.random(min(k, 40)).astype(np.float32)
+    for name, l in (("rising", np.sort(flat)), ("falling", np.sort(flat)[::-1].copy()), ("spread", spread)):
+        for s in (1, 2):
+            want = _core.Sampler(n, seed=s, temperature=1.0, top_k=k).sample(l, [], s)
+            got = draw(emulator, tmp_path, l, dict(temperature=1.0, top_k=k, seed=s), step=s)
+            assert got == want, f"{name} k={k} seed={s}: kernel {got}, CPU {want}"
+
+
 def test_sampler_kernel_draws_minus_one_without_a_finite_logit(emulator, tmp_path):
     """Every logit -inf or NaN (over one block and over three): the kernels give -1 (the runner
     turns it into an error, as the CPU sampler raises one) for every setting, not a token."""

@@ -604,14 +604,37 @@ __device__ Cut find_cut(const WideState& st, const MassUse& use, Pass pass) {
     return Cut{bucket, base};
 }
 
+// top-k's counts, a token a thread (count <= kThreads): each of the block's tokens at or above
+// its floor, the block's own k-th largest key bucket (0 where it has fewer than k tokens), counted
+// into its bucket, fine (global) and coarse (the block's). A floor is at or below the whole
+// vocabulary's k-th largest bucket (the block's k best are among the tokens at or above that), so
+// every bucket from the cut up is counted whole and the walk from the top still first reaches k
+// at the cut. The tokens below the floors are left out: flat logits crowd a few buckets (a random-
+// weight 1B's, up to 1805 tokens in one), and their adds were one atomic queue a bucket.
+__device__ void count_top_k(const float* __restrict__ l, int count, int k, unsigned long long* fine, unsigned long long* coarse) {
+    const int t = static_cast<int>(threadIdx.x), lane = t % 32;
+    const int32_t f = t < count ? bucket_of_key(key(l[t])) : -1;
+    int32_t floor = 0;  // the largest bucket with k of the block's tokens at or above it
+    for (int32_t hi = k <= count ? 65535 : 0; floor < hi;) {
+        const int32_t mid = (floor + hi + 1) / 2;
+        if (__syncthreads_count(f >= mid) >= k) floor = mid;
+        else hi = mid - 1;
+    }
+    const bool counted = f >= floor;  // (f = -1 past the end: never)
+    const unsigned same = __match_any_sync(kFull, counted ? f : -1);  // a warp's tokens of one bucket added at once
+    if (counted && lane == __ffs(static_cast<int>(same)) - 1) atomicAdd(&fine[f], static_cast<unsigned long long>(__popc(same)));
+    const unsigned peers = __match_any_sync(kFull, counted ? f >> 8 : -1);
+    if (counted && lane == __ffs(static_cast<int>(peers)) - 1) atomicAdd(&coarse[f >> 8], static_cast<unsigned long long>(__popc(peers)));
+}
+
 struct SampleMass {
     using Args = SampleArgs;
     static constexpr int kBlockThreads = kThreads, kMinBlocks = 1;
     static __device__ void run(const Args& a);
 };
 
-// Every token into the histograms, its mass or (top-k) a count of 1 (fine: global atomics;
-// coarse: the block's, warp by warp, then global), then in the last block the buckets of the
+// Every token into the histograms, its mass or (top-k, from its block's floor up: count_top_k) a
+// count of 1 (fine: global atomics; coarse: the block's, warp by warp, then global), then in the last block the buckets of the
 // cuts: top-k's (where the count reaches k), or top-p's (its target top_p · Z, Z the mass of
 // every token) and the draw's (U · S / 2^24, S the kept mass: exact without top-p; with it, S is
 // known only to lie between the kept mass above top-p's bucket and that plus the bucket's, so
@@ -633,18 +656,14 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     __shared__ bool last;
     for (int i = threadIdx.x; i < 2 * 256; i += kThreads) coarse[i / 256][i % 256] = 0;
     __syncthreads();
-    for_each_logit<1, false>(a.logits + from, min(kSpan, n - from), [&](float v, int, bool valid) {
-        const double d = valid && !use.counts ? distance(v, mx, t) : 0.0;
-        const int32_t f = !valid ? 0 : use.counts ? bucket_of_key(key(v)) : bucket_at(d);
-        const double w = valid && !use.counts ? weight_at(d) : 0.0;
-        const unsigned long long q = use.counts ? valid : fixed_mass(w, scale), q_kept = w >= min_w ? q : 0;
-        if (use.counts) {  // top-k's counts: a warp's tokens of one key bucket added at once (logits crowd a few)
-            const unsigned same = __match_any_sync(kFull, valid ? f : -1);
-            if (valid && lane == __ffs(static_cast<int>(same)) - 1) atomicAdd(&st.fine[0][f], static_cast<unsigned long long>(__popc(same)));
-        } else {
-            if (q != 0 && use.all) atomicAdd(&st.fine[0][f], q);
-            if (q_kept != 0 && use.kept) atomicAdd(&st.fine[1][f], q_kept);
-        }
+    if (use.counts) count_top_k(a.logits + from, min(kSpan, n - from), p.top_k, st.fine[0], coarse[0]);
+    else for_each_logit<1, false>(a.logits + from, min(kSpan, n - from), [&](float v, int, bool valid) {
+        const double d = valid ? distance(v, mx, t) : 0.0;
+        const int32_t f = valid ? bucket_at(d) : 0;
+        const double w = valid ? weight_at(d) : 0.0;
+        const unsigned long long q = fixed_mass(w, scale), q_kept = w >= min_w ? q : 0;
+        if (q != 0 && use.all) atomicAdd(&st.fine[0][f], q);
+        if (q_kept != 0 && use.kept) atomicAdd(&st.fine[1][f], q_kept);
         // coarse: where the warp's tokens fall in a few buckets, each bucket's lanes summed first (a
         // pass per bucket); else each lane adds its own (the shared 64-bit add is a compare-and-swap loop)
         const unsigned bucket = valid ? static_cast<unsigned>(f) >> 8 : 256u, peers = __match_any_sync(kFull, bucket);

@@ -92,6 +92,16 @@ T of_bits(uint64_t b) {
 
 inline void __syncthreads() { er_emulator::threadgroup_barrier(); }
 inline void __syncwarp(unsigned = 0xFFFFFFFFu) { er_emulator::simdgroup_barrier(); }
+// (the block's one running thread at a time: a total reset, then every thread's predicate added, then read)
+inline int __syncthreads_count(int predicate) {
+    static int total;
+    __syncthreads();
+    if (threadIdx.x == 0) total = 0;
+    __syncthreads();
+    total += predicate != 0;
+    __syncthreads();
+    return total;
+}
 inline void __threadfence() {}
 inline void __threadfence_system() {}
 
