@@ -166,6 +166,25 @@ def test_sampler_kernel_top_k_counts_from_each_blocks_floor(emulator, tmp_path, 
             assert got == want, f"{name} k={k} seed={s}: kernel {got}, CPU {want}"
 
 
+@pytest.mark.parametrize("crowd,k", [(3000, 1000), (3000, 1500), (20000, 3000), (20000, 40)])
+def test_sampler_kernel_top_k_cuts_a_crowded_bucket_to_the_k_best(emulator, tmp_path, crowd, k):
+    """Top-k's cut bucket crowded (`crowd` distinct-ish logits in [2, 2 + 1/64), one key bucket;
+    30 above it, the rest below): its candidates are cut to the k best (and ties) before the sort,
+    from shared memory (3000: fewer than a block sorts) or from the global scratch (20000: more);
+    every draw equals the CPU sampler's."""
+    rng = np.random.default_rng(crowd + k)
+    n = 40000
+    l = rng.normal(0, 0.3, n).astype(np.float32)  # (none near 2)
+    ids = rng.permutation(n)
+    l[ids[:30]] = 2.5 + rng.random(30).astype(np.float32)
+    l[ids[30:30 + crowd]] = (2.0 + rng.random(crowd) / 64).astype(np.float32)
+    assert (l[ids[30:30 + crowd]] < 2.0 + 1 / 64).all()
+    for s in (1, 2):
+        want = _core.Sampler(n, seed=s, temperature=1.0, top_k=k).sample(l, [], s)
+        got = draw(emulator, tmp_path, l, dict(temperature=1.0, top_k=k, seed=s), step=s)
+        assert got == want, f"crowd={crowd} k={k} seed={s}: kernel {got}, CPU {want}"
+
+
 def test_sampler_kernel_draws_minus_one_without_a_finite_logit(emulator, tmp_path):
     """Every logit -inf or NaN (over one block and over three): the kernels give -1 (the runner
     turns it into an error, as the CPU sampler raises one) for every setting, not a token."""

@@ -12,9 +12,10 @@
 //    the largest logit, and its softmax weight in fixed point: every token's, and min-p's kept
 //    ones'). Its last block finds the buckets the cuts fall in.
 //  - SampleWalk collects the tokens of those buckets (with top-k: every token from top-k's bucket
-//    up), and its last block sorts them (top-k's up to 4096, else 1024) and walks them: top-k's
-//    walk is the CPU's, sum for sum (walk_top_k); without top-k, top-p's and the draw's ends come
-//    from block-wide prefix sums of the fixed-point masses (walk_cuts).
+//    up, cut to the k best where a crowded bucket would pad the sort: trim_top_k), and its last
+//    block sorts them (top-k's up to 4096, else 1024) and walks them: top-k's walk is the CPU's,
+//    sum for sum (walk_top_k); without top-k, top-p's and the draw's ends come from block-wide
+//    prefix sums of the fixed-point masses (walk_cuts).
 //  - Otherwise (top-k over 4096; more candidates than a block sorts, as with many equal logits)
 //    SampleWalk's last block searches alone: top-k (up to 1024) by a radix search of the counts
 //    (sample_top_k), else each cut by bisection over the logit keys and, among tokens tied at the
@@ -367,6 +368,7 @@ __device__ int32_t draw_by_bisection(const float* __restrict__ l, int32_t n, con
 constexpr int kMaxCandidates = 1024;  // the tokens a block walks one a thread (walk_cuts, sample_top_k)
 constexpr int kMaxTopK = 4096;        // top-k's candidates a block sorts and walks (SampleWalk)
 static_assert(kMaxTopK <= 4 * kThreads, "SampleWalk sorts up to 4 keys a thread");
+__device__ __forceinline__ int pow2_at_least(int x) { return x <= 1 ? 1 : 1 << (32 - __clz(x - 1)); }
 
 // The first i in [0, count) where test(i) holds, count where none does (every thread's answer).
 template <typename F>
@@ -416,27 +418,25 @@ __device__ int32_t walk_top_k(const float* __restrict__ l, unsigned long long* c
     return ids[min(pick, m - 1)];
 }
 
-// top-k with k <= kMaxCandidates in one block: the k-th largest key θ comes from a radix search
-// (four passes of 8 bits, integer histograms: exact), the tokens at or above θ are sorted in
-// shared memory (logit descending, id ascending: a bitonic sort of key << 32 | ~id), and the
-// first k walked as the CPU walks them (walk_top_k). Returns the token, or -1 when ties at θ make
-// more candidates than fit (the caller then takes the general path).
-
-__device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const DeviceSampling& p, double u, float mx, int32_t* ids) {
+// The k-th largest of the keys `each` visits (each(f) calls f(key, valid) on every lane of the
+// block equally often, as for_each_logit does), by a radix search: four passes of 8 bits, integer
+// histograms (exact). Returns θ; *at_least gets how many keys are >= θ (k, or more where keys tie
+// at θ).
+template <typename Each>
+__device__ uint32_t kth_largest_key(int k, Each each, int* at_least) {
     __shared__ int hist[256];
     __shared__ uint32_t s_prefix;
-    __shared__ int s_above, n_cand;
-    __shared__ unsigned long long cand[kMaxCandidates];
-    const int k = p.top_k, lane = threadIdx.x % 32;
+    __shared__ int s_above;
+    const int lane = threadIdx.x % 32;
     uint32_t prefix = 0;
-    int above = 0;  // tokens whose key is above the range the prefix leaves
+    int above = 0;  // keys above the range the prefix leaves
+    __syncthreads();  // (the last call's answer read)
     for (int level = 0; level < 4; ++level) {
         const int shift = 24 - 8 * level;
         const uint32_t mask = level == 0 ? 0u : ~0u << (shift + 8);
         if (threadIdx.x < 256) hist[threadIdx.x] = 0;
         __syncthreads();
-        for_each_logit(l, n, [&](float v, int, bool valid) {  // one atomic per bucket and warp
-            const uint32_t kk = key(v);
+        each([&](uint32_t kk, bool valid) {  // one atomic per bucket and warp
             const bool in = valid && (kk & mask) == (prefix & mask);
             const unsigned bucket = in ? kk >> shift & 255 : 256, peers = __match_any_sync(kFull, bucket);
             if (in && lane == __ffs(static_cast<int>(peers)) - 1) atomicAdd(&hist[bucket], __popc(peers));
@@ -463,15 +463,66 @@ __device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const De
         prefix = s_prefix;
         above = s_above;
     }
-    const int count = above + hist[prefix & 255];  // tokens with key >= θ (= prefix)
+    *at_least = above + hist[prefix & 255];
+    return prefix;
+}
+
+// top-k with k <= kMaxCandidates in one block: the k-th largest key θ (kth_largest_key over the
+// logits), the tokens at or above θ sorted in shared memory (logit descending, id ascending: a
+// bitonic sort of key << 32 | ~id), and the first k walked as the CPU walks them (walk_top_k).
+// Returns the token, or -1 when ties at θ make more candidates than fit (the caller then takes the
+// general path).
+__device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const DeviceSampling& p, double u, float mx, int32_t* ids) {
+    __shared__ int n_cand;
+    __shared__ unsigned long long cand[kMaxCandidates];
+    int count;
+    const auto each = [&](auto f) { for_each_logit(l, n, [&](float v, int, bool valid) { f(key(v), valid); }); };
+    const uint32_t theta = kth_largest_key(p.top_k, each, &count);
     if (count > kMaxCandidates) return -1;
     if (threadIdx.x == 0) n_cand = 0;
     __syncthreads();
     for_each_logit(l, n, [&](float v, int i, bool valid) {
-        if (valid && key(v) >= prefix) cand[atomicAdd(&n_cand, 1)] = order_key(key(v), i);
+        if (valid && key(v) >= theta) cand[atomicAdd(&n_cand, 1)] = order_key(key(v), i);
     });
     sort_descending(cand, count);
     return walk_top_k(l, cand, p, u, mx, ids);
+}
+
+// top-k's candidates (src(i), i < count: order keys of every token from the cut's bucket up)
+// cut to those whose logit key is at or above the k-th largest, θ, into sorted[0, returned count)
+// in any order: the sort then pads k, not every token of a crowded bucket, to a power of two, and
+// more candidates than a block sorts need not fall back to the one-block search. Ties at θ stay
+// (the walk takes them in id order); -1 where they make more than kMaxTopK. src may read sorted itself
+// (count <= kMaxTopK: each thread reads its four before any is written).
+template <typename Load>
+__device__ int trim_top_k(Load src, int count, int k, unsigned long long* sorted) {
+    __shared__ int kept;
+    const auto each = [&](auto f) {
+        for (int base = 0; base < count; base += kThreads) {
+            const int i = base + static_cast<int>(threadIdx.x);
+            f(i < count ? static_cast<uint32_t>(src(i) >> 32) : 0u, i < count);
+        }
+    };
+    int at_least;
+    const uint32_t theta = kth_largest_key(k, each, &at_least);
+    if (at_least > kMaxTopK) return -1;
+    if (threadIdx.x == 0) kept = 0;
+    for (int base = 0; base < count; base += 4 * kThreads) {
+        unsigned long long v[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int i = base + r * kThreads + static_cast<int>(threadIdx.x);
+            v[r] = i < count ? src(i) : 0ull;
+        }
+        __syncthreads();  // (every read done before a write; kept zeroed)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const bool in = base + r * kThreads + static_cast<int>(threadIdx.x) < count;
+            if (in && static_cast<uint32_t>(v[r] >> 32) >= theta) sorted[atomicAdd(&kept, 1)] = v[r];
+        }
+    }
+    __syncthreads();
+    return kept;
 }
 
 __device__ void Sample::run(const SampleArgs& a) {
@@ -776,7 +827,8 @@ __device__ void zero_share(unsigned long long* h) {
 }
 
 // The tokens of the cuts' buckets collected (their order keys, into the scratch), then in the
-// last block sorted and walked (walk_top_k, walk_cuts). More candidates than one block sorts
+// last block sorted and walked (walk_top_k, walk_cuts; top-k's first cut to the k best where they
+// would pad the sort past k's power of two, or overflow it). More candidates than one block sorts
 // (many equal logits), or top-k over 4096: sample_top_k (k up to 1024), draw_by_bisection.
 __device__ void SampleWalk::run(const SampleArgs& a) {
     allow_next();
@@ -816,12 +868,17 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     if (!last) return;
     const int32_t top = st.top;
     const uint32_t u_bits = uniform_bits(p.seed, step);
-    const int count = static_cast<int>(n_cand);
+    int count = static_cast<int>(n_cand);
     int32_t token = -1;
     __shared__ unsigned long long sorted[kMaxTopK];
     int32_t* ids = reinterpret_cast<int32_t*>(cand);  // (walk_top_k's ids: the candidates are in `sorted` by then)
-    if (count <= (use.top_k ? kMaxTopK : kMaxCandidates) && hi >= 0) {
+    // top-k: candidates that would pad the sort past k's power of two cut to the k best (and ties)
+    const bool trim = use.top_k && hi >= 0 && count > kThreads && pow2_at_least(count) > pow2_at_least(p.top_k);
+    if (count <= (use.top_k ? kMaxTopK : kMaxCandidates) && hi >= 0)
         for (int i = threadIdx.x; i < count; i += kThreads) sorted[i] = __ldcg(cand + i);
+    if (trim && count <= kMaxTopK) count = trim_top_k([&](int i) { return sorted[i]; }, count, p.top_k, sorted);
+    else if (trim) count = trim_top_k([&](int i) { return __ldcg(cand + i); }, count, p.top_k, sorted);  // (-1: too many ties)
+    if (count >= 0 && count <= (use.top_k ? kMaxTopK : kMaxCandidates) && hi >= 0) {
         if (count <= kThreads) sort_descending(sorted, count);
         else if (count <= 2 * kThreads) sort_descending_wide<2>(sorted, count);
         else sort_descending_wide<4>(sorted, count);
