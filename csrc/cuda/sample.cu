@@ -419,19 +419,20 @@ __device__ int32_t walk_top_k(const float* __restrict__ l, unsigned long long* c
 }
 
 // The k-th largest of the keys `each` visits (each(f) calls f(key, valid) on every lane of the
-// block equally often, as for_each_logit does), by a radix search: four passes of 8 bits, integer
-// histograms (exact). Returns θ; *at_least gets how many keys are >= θ (k, or more where keys tie
-// at θ).
+// block equally often, as for_each_logit does), by a radix search: passes of 8 bits, integer
+// histograms (exact), four, or from `level` where θ's top 8 · level bits are known to be
+// prefix's (its passes then also count the keys above that range). Returns θ; *at_least gets how
+// many keys are >= θ (k, or more where keys tie at θ).
 template <typename Each>
-__device__ uint32_t kth_largest_key(int k, Each each, int* at_least) {
+__device__ uint32_t kth_largest_key(int k, Each each, int* at_least, uint32_t prefix = 0, int level = 0) {
     __shared__ int hist[256];
     __shared__ uint32_t s_prefix;
     __shared__ int s_above;
     const int lane = threadIdx.x % 32;
-    uint32_t prefix = 0;
     int above = 0;  // keys above the range the prefix leaves
     __syncthreads();  // (the last call's answer read)
-    for (int level = 0; level < 4; ++level) {
+    if (threadIdx.x == 0) s_above = 0;
+    for (const int from = level; level < 4; ++level) {
         const int shift = 24 - 8 * level;
         const uint32_t mask = level == 0 ? 0u : ~0u << (shift + 8);
         if (threadIdx.x < 256) hist[threadIdx.x] = 0;
@@ -440,9 +441,14 @@ __device__ uint32_t kth_largest_key(int k, Each each, int* at_least) {
             const bool in = valid && (kk & mask) == (prefix & mask);
             const unsigned bucket = in ? kk >> shift & 255 : 256, peers = __match_any_sync(kFull, bucket);
             if (in && lane == __ffs(static_cast<int>(peers)) - 1) atomicAdd(&hist[bucket], __popc(peers));
+            if (level == from && from > 0) {  // the keys above the known prefix's range
+                const unsigned n_above = __popc(__ballot_sync(kFull, valid && (kk & mask) > (prefix & mask)));
+                if (lane == 0 && n_above) atomicAdd(&s_above, static_cast<int>(n_above));
+            }
         });
         __syncthreads();
         if (threadIdx.x < 32) {  // the largest bucket b with above + (count in buckets >= b) >= k
+            if (level == from) above = s_above;  // (read before any lane's write below: the ballot)
             int h[8], sum = 0;
 #pragma unroll
             for (int j = 0; j < 8; ++j) sum += h[j] = hist[8 * lane + j];
@@ -495,7 +501,7 @@ __device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const De
 // (the walk takes them in id order); -1 where they make more than kMaxTopK. src may read sorted itself
 // (count <= kMaxTopK: each thread reads its four before any is written).
 template <typename Load>
-__device__ int trim_top_k(Load src, int count, int k, unsigned long long* sorted) {
+__device__ int trim_top_k(Load src, int count, int k, int32_t bucket, unsigned long long* sorted) {
     __shared__ int kept;
     const auto each = [&](auto f) {
         for (int base = 0; base < count; base += kThreads) {
@@ -504,7 +510,7 @@ __device__ int trim_top_k(Load src, int count, int k, unsigned long long* sorted
         }
     };
     int at_least;
-    const uint32_t theta = kth_largest_key(k, each, &at_least);
+    const uint32_t theta = kth_largest_key(k, each, &at_least, static_cast<uint32_t>(bucket) << 16, 2);  // (θ's top 16 bits: bucket's)
     if (at_least > kMaxTopK) return -1;
     if (threadIdx.x == 0) kept = 0;
     for (int base = 0; base < count; base += 4 * kThreads) {
@@ -876,8 +882,8 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     const bool trim = use.top_k && hi >= 0 && count > kThreads && pow2_at_least(count) > pow2_at_least(p.top_k);
     if (count <= (use.top_k ? kMaxTopK : kMaxCandidates) && hi >= 0)
         for (int i = threadIdx.x; i < count; i += kThreads) sorted[i] = __ldcg(cand + i);
-    if (trim && count <= kMaxTopK) count = trim_top_k([&](int i) { return sorted[i]; }, count, p.top_k, sorted);
-    else if (trim) count = trim_top_k([&](int i) { return __ldcg(cand + i); }, count, p.top_k, sorted);  // (-1: too many ties)
+    if (trim && count <= kMaxTopK) count = trim_top_k([&](int i) { return sorted[i]; }, count, p.top_k, lo, sorted);
+    else if (trim) count = trim_top_k([&](int i) { return __ldcg(cand + i); }, count, p.top_k, lo, sorted);  // (-1: too many ties)
     if (count >= 0 && count <= (use.top_k ? kMaxTopK : kMaxCandidates) && hi >= 0) {
         if (count <= kThreads) sort_descending(sorted, count);
         else if (count <= 2 * kThreads) sort_descending_wide<2>(sorted, count);
