@@ -151,13 +151,13 @@ def test_sampler_kernel_walks_equal_logits_in_id_order(emulator, tmp_path, param
 def test_sampler_kernel_top_k_counts_from_each_blocks_floor(emulator, tmp_path, k):
     """top-k's counts skip each block's tokens below its own k-th best (its floor): the k best all
     in the last blocks (rising logits), all in the first (falling), or one a block over crowded flat
-    logits (the floors then far below the cut, the rest of a block tied just under it); every draw
-    equals the CPU sampler's."""
+    logits (the floors then below the cut, each block's other tokens tied in two buckets under it);
+    every draw equals the CPU sampler's."""
     rng = np.random.default_rng(7)
     n = 40000  # 40 blocks of 1024 tokens (SampleMass's), the last one short
     flat = rng.normal(4.3, 0.93, n).astype(np.float32)
     spread = np.full(n, np.float32(2.0))
-    spread[rng.integers(0, n, n // 2)] = np.float32(1.9990234)  # (the same key bucket as 2.0)
+    spread[rng.integers(0, n, n // 2)] = np.float32(1.9990234)  # (the key bucket just under 2.0's)
     spread[np.arange(0, n, 1024)[: min(k, 40)]] = 3.0 + rng.random(min(k, 40)).astype(np.float32)
     for name, l in (("rising", np.sort(flat)), ("falling", np.sort(flat)[::-1].copy()), ("spread", spread)):
         for s in (1, 2):

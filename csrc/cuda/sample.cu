@@ -605,6 +605,7 @@ __device__ void Sample::run(const SampleArgs& a) {
 // is bound by instructions, so it is spread over a block per 1024 tokens (126 SMs at 128k); at
 // 4096 a block, 32 SMs did it and a draw cost ~25 us more a token (H100, 8B with min-p).
 constexpr int kSpan = kThreads;
+static_assert(kSpan == kThreads, "count_top_k takes a token a thread");
 constexpr int kFewBuckets = 4;  // SampleMass: up to this many coarse buckets in a warp, summed bucket by bucket
 
 // What the histograms hold for a step: with top-k, token counts (histogram 0); else masses, every
@@ -691,11 +692,11 @@ struct SampleMass {
 };
 
 // Every token into the histograms, its mass or (top-k, from its block's floor up: count_top_k) a
-// count of 1 (fine: global atomics; coarse: the block's, warp by warp, then global), then in the last block the buckets of the
-// cuts: top-k's (where the count reaches k), or top-p's (its target top_p · Z, Z the mass of
-// every token) and the draw's (U · S / 2^24, S the kept mass: exact without top-p; with it, S is
-// known only to lie between the kept mass above top-p's bucket and that plus the bucket's, so
-// the draw's cut is given as the range of buckets those two bound).
+// count of 1 (fine: global atomics; coarse: the block's, warp by warp, then global), then in the
+// last block the buckets of the cuts: top-k's (where the count reaches k), or top-p's (its target
+// top_p · Z, Z the mass of every token) and the draw's (U · S / 2^24, S the kept mass: exact
+// without top-p; with it, S is known only to lie between the kept mass above top-p's bucket and
+// that plus the bucket's, so the draw's cut is given as the range of buckets those two bound).
 __device__ void SampleMass::run(const SampleArgs& a) {
     allow_next();
     const DeviceSampling p = *a.params;
