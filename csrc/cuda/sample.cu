@@ -664,18 +664,14 @@ __device__ Cut find_cut(const WideState& st, const MassUse& use, Pass pass) {
 
 // top-k's counts, a token a thread (count <= kThreads): each of the block's tokens at or above
 // its floor, the block's own k-th largest key bucket (0 where it has fewer than k tokens), counted
-// into its bucket, fine (global) and coarse (the block's), and written to the candidates (cand,
-// order keys; *n_cand of them). A floor is at or below the whole vocabulary's k-th largest bucket
-// (the block's k best are among the tokens at or above that), so every bucket from the cut up is
-// counted whole and the walk from the top still first reaches k at the cut, and the candidates
-// hold every token from the cut up. The tokens below the floors are left out: flat logits crowd a
-// few buckets (a random-weight 1B's, up to 1805 tokens in one), and their adds were one atomic
-// queue a bucket.
-__device__ void count_top_k(const float* __restrict__ l, int32_t from, int count, int k, unsigned long long* fine,
-                            unsigned long long* coarse, unsigned long long* cand, unsigned* n_cand) {
+// into its bucket, fine (global) and coarse (the block's). A floor is at or below the whole
+// vocabulary's k-th largest bucket (the block's k best are among the tokens at or above that), so
+// every bucket from the cut up is counted whole and the walk from the top still first reaches k
+// at the cut. The tokens below the floors are left out: flat logits crowd a few buckets (a random-
+// weight 1B's, up to 1805 tokens in one), and their adds were one atomic queue a bucket.
+__device__ void count_top_k(const float* __restrict__ l, int count, int k, unsigned long long* fine, unsigned long long* coarse) {
     const int t = static_cast<int>(threadIdx.x), lane = t % 32;
-    const uint32_t kk = t < count ? key(l[t]) : 0u;
-    const int32_t f = t < count ? bucket_of_key(kk) : -1;
+    const int32_t f = t < count ? bucket_of_key(key(l[t])) : -1;
     int32_t floor = 0;  // the largest bucket with k of the block's tokens at or above it
     for (int32_t hi = k <= count ? 65535 : 0; floor < hi;) {
         const int32_t mid = (floor + hi + 1) / 2;
@@ -687,87 +683,6 @@ __device__ void count_top_k(const float* __restrict__ l, int32_t from, int count
     if (counted && lane == __ffs(static_cast<int>(same)) - 1) atomicAdd(&fine[f], static_cast<unsigned long long>(__popc(same)));
     const unsigned peers = __match_any_sync(kFull, counted ? f >> 8 : -1);
     if (counted && lane == __ffs(static_cast<int>(peers)) - 1) atomicAdd(&coarse[f >> 8], static_cast<unsigned long long>(__popc(peers)));
-    const unsigned voters = __ballot_sync(kFull, counted);  // a warp's candidates in one run
-    unsigned at = 0;
-    if (lane == 0 && voters) at = atomicAdd(n_cand, static_cast<unsigned>(__popc(voters)));
-    at = __shfl_sync(kFull, at, 0);
-    if (counted) cand[at + __popc(voters & ((1u << lane) - 1u))] = order_key(kk, from + t);
-}
-
-// SampleMass's last block with top-k (counts): top-k's cut bucket (find_cut, its first warp). Then,
-// where the candidates the blocks wrote (their tokens from their floors up: every token from the
-// cut up, and some below it) are few, the draw itself: they are cut to the k best (trim_top_k),
-// sorted and walked (walk_top_k), and the fine buckets they were counted in zeroed; the token is
-// returned (every thread's), the step's draw no longer active, and SampleWalk has nothing left to
-// do. Else -1: SampleWalk collects the tokens from the cut up and draws, as it does without
-// top-k's counts. (Out of line: SampleMass's per-token loop keeps its registers.)
-constexpr int kMaxOwnCandidates = 8 * kThreads;  // (top-k 40: ~43 a block, ~5400 at 128k tokens)
-__device__ __attribute__((noinline)) int32_t draw_top_k(const float* __restrict__ l, unsigned long long* cand, WideState* st, DeviceSampling p,
-                                           uint64_t step, MassUse use) {
-    __shared__ int32_t cut, count;
-    __shared__ unsigned long long sorted[kMaxTopK];
-    const int lane = static_cast<int>(threadIdx.x % 32);
-    if (threadIdx.x < 32) {
-        const Cut c = find_cut(*st, use, [&](const Mass& m) { return m.all >= static_cast<unsigned long long>(p.top_k); });
-        if (lane == 0) {
-            cut = c.bucket, count = static_cast<int>(__ldcg(&st->n_cand));
-            st->cut_p = -1, st->draw_hi = c.bucket >= 0 ? 65535 : -1, st->draw_lo = c.bucket, st->done[0] = 0;
-        }
-        for (int i = lane; i < 256; i += 32) st->coarse[0][i] = 0;
-    }
-    __syncthreads();  // (n_cand read before thread 0 resets it below)
-    const auto load = [&](int i) { return __ldcg(cand + i); };
-    const int kept = cut >= 0 && count <= kMaxOwnCandidates ? trim_top_k(load, count, p.top_k, cut, sorted) : -1;
-    int32_t token = -1;
-    if (kept >= 0) {
-        for (int i = threadIdx.x; i < count; i += kThreads) st->fine[0][bucket_of_key(static_cast<uint32_t>(load(i) >> 32))] = 0;
-        if (kept <= kThreads) sort_descending(sorted, kept);  // (its barrier first: cand read before walk_top_k writes ids there)
-        else if (kept <= 2 * kThreads) sort_descending_wide<2>(sorted, kept);
-        else sort_descending_wide<4>(sorted, kept);
-        token = walk_top_k(l, sorted, p, uniform_bits(p.seed, step) * 0x1.0p-24, st->mx, reinterpret_cast<int32_t*>(cand));
-        if (threadIdx.x == 0) st->active = 0;
-    }
-    if (threadIdx.x == 0) st->n_cand = 0;  // (SampleWalk collects from 0)
-    return token;
-}
-
-// SampleMass's last block without top-k's counts, its first warp: the buckets the cuts fall in
-// (top-p's where it is on, the draw's range), for SampleWalk. (Out of line: SampleMass's per-token
-// loop keeps its registers.)
-__device__ __attribute__((noinline)) void cut_masses(WideState* wide, DeviceSampling p, uint64_t step, MassUse use) {
-    WideState& st = *wide;
-    const int lane = static_cast<int>(threadIdx.x % 32);
-    Mass total;
-    for (int b = lane; b < 256; b += 32) total = total + Mass{__ldcg(&st.coarse[0][b]), __ldcg(&st.coarse[use.kept_index()][b])};
-    for (int o = 16; o > 0; o /= 2)
-        total = total + Mass{__shfl_xor_sync(kFull, total.all, o), __shfl_xor_sync(kFull, total.kept, o)};
-    const uint32_t u_bits = uniform_bits(p.seed, step);
-    int32_t cut_p = -1;
-    unsigned long long need = 0, s_lo = total.kept, s_hi = total.kept;
-    Mass above_p;
-    if (p.top_p < 1.0f) {  // the first bucket where the mass walked reaches top_p · Z
-        need = min(total.all, max(1ull, static_cast<unsigned long long>(ceil(static_cast<double>(p.top_p) * static_cast<double>(total.all)))));
-        const Cut c = find_cut(st, use, [&](const Mass& m) { return m.all >= need; });
-        cut_p = c.bucket;
-        above_p = c.above;
-        s_lo = c.above.kept;
-        s_hi = s_lo + (cut_p >= 0 ? __ldcg(&st.fine[use.kept_index()][cut_p]) : 0);
-    }
-    const Cut hi = find_cut(st, use, [&](const Mass& m) { return m.kept > draw_target(u_bits, s_lo); });
-    const Cut lo = find_cut(st, use, [&](const Mass& m) { return m.kept > draw_target(u_bits, s_hi); });
-    const bool found = (p.top_p >= 1.0f || cut_p >= 0) && hi.bucket >= 0 && lo.bucket >= 0;  // (always, but for a bug)
-    if (lane == 0) {
-        st.cut_p = cut_p;
-        st.need = need;
-        st.all_above_p = above_p.all;
-        st.kept_above_p = above_p.kept;
-        st.draw_hi = found ? hi.bucket : -1;  // (-1: SampleWalk collects nothing, and bisects)
-        st.draw_lo = found ? lo.bucket : -1;
-        st.kept_above_d = hi.above.kept;
-        st.kept_total = total.kept;
-        st.done[0] = 0;
-    }
-    for (int i = lane; i < 2 * 256; i += 32) st.coarse[i / 256][i % 256] = 0;
 }
 
 struct SampleMass {
@@ -799,7 +714,7 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     __shared__ bool last;
     for (int i = threadIdx.x; i < 2 * 256; i += kThreads) coarse[i / 256][i % 256] = 0;
     __syncthreads();
-    if (use.counts) count_top_k(a.logits + from, from, min(kSpan, n - from), p.top_k, st.fine[0], coarse[0], reinterpret_cast<unsigned long long*>(a.scratch), &st.n_cand);
+    if (use.counts) count_top_k(a.logits + from, min(kSpan, n - from), p.top_k, st.fine[0], coarse[0]);
     else for_each_logit<1, false>(a.logits + from, min(kSpan, n - from), [&](float v, int, bool valid) {
         const double d = valid ? distance(v, mx, t) : 0.0;
         const int32_t f = valid ? bucket_at(d) : 0;
@@ -829,14 +744,45 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     __syncthreads();
     if (threadIdx.x == 0) last = gridDim.x == 1 || atomicAdd(&st.done[0], 1u) == gridDim.x - 1;
     __syncthreads();
-    if (!last) return;
-    if (use.counts) {
-        const int32_t token = draw_top_k(a.logits, reinterpret_cast<unsigned long long*>(a.scratch), &st, p, step, use);
-        if (token >= 0 && threadIdx.x == 0) emit(a, token);
+    if (!last || threadIdx.x >= 32) return;
+    // the last block's first warp: the cuts
+    Mass total;
+    for (int b = lane; b < 256; b += 32) total = total + Mass{__ldcg(&st.coarse[0][b]), __ldcg(&st.coarse[use.kept_index()][b])};
+    for (int o = 16; o > 0; o /= 2)
+        total = total + Mass{__shfl_xor_sync(kFull, total.all, o), __shfl_xor_sync(kFull, total.kept, o)};
+    if (use.counts) {  // top-k: the first bucket where the count walked reaches k; every token from it up
+        const Cut c = find_cut(st, use, [&](const Mass& m) { return m.all >= static_cast<unsigned long long>(p.top_k); });
+        if (lane == 0) st.cut_p = -1, st.draw_hi = c.bucket >= 0 ? 65535 : -1, st.draw_lo = c.bucket, st.done[0] = 0;
+        for (int i = lane; i < 256; i += 32) st.coarse[0][i] = 0;
         return;
     }
-    if (threadIdx.x >= 32) return;
-    cut_masses(&st, p, step, use);  // the last block's first warp: the cuts
+    const uint32_t u_bits = uniform_bits(p.seed, step);
+    int32_t cut_p = -1;
+    unsigned long long need = 0, s_lo = total.kept, s_hi = total.kept;
+    Mass above_p;
+    if (p.top_p < 1.0f) {  // the first bucket where the mass walked reaches top_p · Z
+        need = min(total.all, max(1ull, static_cast<unsigned long long>(ceil(static_cast<double>(p.top_p) * static_cast<double>(total.all)))));
+        const Cut c = find_cut(st, use, [&](const Mass& m) { return m.all >= need; });
+        cut_p = c.bucket;
+        above_p = c.above;
+        s_lo = c.above.kept;
+        s_hi = s_lo + (cut_p >= 0 ? __ldcg(&st.fine[use.kept_index()][cut_p]) : 0);
+    }
+    const Cut hi = find_cut(st, use, [&](const Mass& m) { return m.kept > draw_target(u_bits, s_lo); });
+    const Cut lo = find_cut(st, use, [&](const Mass& m) { return m.kept > draw_target(u_bits, s_hi); });
+    const bool found = (p.top_p >= 1.0f || cut_p >= 0) && hi.bucket >= 0 && lo.bucket >= 0;  // (always, but for a bug)
+    if (lane == 0) {
+        st.cut_p = cut_p;
+        st.need = need;
+        st.all_above_p = above_p.all;
+        st.kept_above_p = above_p.kept;
+        st.draw_hi = found ? hi.bucket : -1;  // (-1: SampleWalk collects nothing, and bisects)
+        st.draw_lo = found ? lo.bucket : -1;
+        st.kept_above_d = hi.above.kept;
+        st.kept_total = total.kept;
+        st.done[0] = 0;
+    }
+    for (int i = lane; i < 2 * 256; i += 32) st.coarse[i / 256][i % 256] = 0;
 }
 
 struct SampleWalk {
