@@ -668,7 +668,9 @@ __device__ Cut find_cut(const WideState& st, const MassUse& use, Pass pass) {
 // vocabulary's k-th largest bucket (the block's k best are among the tokens at or above that), so
 // every bucket from the cut up is counted whole and the walk from the top still first reaches k
 // at the cut. The tokens below the floors are left out: flat logits crowd a few buckets (a random-
-// weight 1B's, up to 1805 tokens in one), and their adds were one atomic queue a bucket.
+// weight 1B's, up to 1805 tokens in one), and their adds were one atomic queue a bucket. (A floor
+// set too high would only move the cut lower: more candidates, the same draw. So the draw tests
+// guard the tokens, not the floors' tightness; bench/sampling_speed.py shows that.)
 __device__ void count_top_k(const float* __restrict__ l, int count, int k, unsigned long long* fine, unsigned long long* coarse) {
     const int t = static_cast<int>(threadIdx.x), lane = t % 32;
     const int32_t f = t < count ? bucket_of_key(key(l[t])) : -1;
@@ -880,16 +882,17 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     __shared__ unsigned long long sorted[kMaxTopK];
     int32_t* ids = reinterpret_cast<int32_t*>(cand);  // (walk_top_k's ids: the candidates are in `sorted` by then)
     // top-k: candidates that would pad the sort past k's power of two cut to the k best (and ties)
+    const int most = use.top_k ? kMaxTopK : kMaxCandidates;  // (the candidates a sort here takes)
     const bool trim = use.top_k && hi >= 0 && count > kThreads && pow2_at_least(count) > pow2_at_least(p.top_k);
-    if (count <= (use.top_k ? kMaxTopK : kMaxCandidates) && hi >= 0)
+    if (count <= most && hi >= 0)
         for (int i = threadIdx.x; i < count; i += kThreads) sorted[i] = __ldcg(cand + i);
     if (trim && count <= kMaxTopK) count = trim_top_k([&](int i) { return sorted[i]; }, count, p.top_k, lo, sorted);
     else if (trim) count = trim_top_k([&](int i) { return __ldcg(cand + i); }, count, p.top_k, lo, sorted);  // (-1: too many ties)
-    if (count >= 0 && count <= (use.top_k ? kMaxTopK : kMaxCandidates) && hi >= 0) {
+    if (count >= 0 && count <= most && hi >= 0) {
         if (count <= kThreads) sort_descending(sorted, count);
         else if (count <= 2 * kThreads) sort_descending_wide<2>(sorted, count);
         else sort_descending_wide<4>(sorted, count);
-        token = use.top_k ? walk_top_k(a.logits, sorted, p, u_bits * 0x1.0p-24, mx, ids)  // (at least k: every token from its bucket up)
+        token = use.top_k ? walk_top_k(a.logits, sorted, p, u_bits * 0x1.0p-24, mx, ids)  // (at least k: from its bucket up, or trimmed)
                           : walk_cuts(a.logits, n, sorted, count, st, p, u_bits, mx);
     }
     if (token < 0 && use.counts && p.top_k <= kMaxCandidates) token = sample_top_k(a.logits, n, p, u_bits * 0x1.0p-24, mx, ids);
