@@ -1,7 +1,8 @@
-"""Record the CUDA kernels' block timeline of a greedy generation, as bench's tg runs it (needs a
+"""Record the CUDA kernels' block timeline of a generation (greedy, or drawn with --sampling's
+parameters: name=value pairs as _core.Sampler takes them), as bench's tg runs it (needs a
 build with -C cmake.define.EDGERUNNER_CUDA_TRACE=ON; csrc/cuda/trace.cuh):
 
-    python bench/trace_step.py FILE OUT.csv [--dispatch recorded] [--tokens 16]
+    python bench/trace_step.py FILE OUT.csv [--dispatch recorded] [--tokens 16] [--sampling temperature=0.8,top_p=0.9]
     python bench/trace_summary.py OUT.csv
 
 Every block of every kernel is one row (its start, when its wait for the input returned, its
@@ -20,6 +21,7 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--dispatch", default="recorded")
     p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--sampling", help="name=value,... (_core.Sampler's parameters); default greedy")
     args = p.parse_args()
     if os.path.exists(args.out):
         os.remove(args.out)  # (the step runners add to it)
@@ -34,7 +36,11 @@ def main() -> None:
     session.eval(np.random.default_rng(0).integers(0, n_vocab, size=16).astype(np.int32))  # warm-up
     session.rewind(0)
     session.eval(np.array([1], dtype=np.int32))
-    session.generate(_core.Sampler(n_vocab), args.tokens + 1, [])
+    params = {}
+    for kv in args.sampling.split(",") if args.sampling else []:
+        k, _, v = kv.partition("=")
+        params[k] = int(v) if k in ("top_k", "seed", "penalty_last_n") else float(v)
+    session.generate(_core.Sampler(n_vocab, **params), args.tokens + 1, [])
     del session, model
     gc.collect()  # (the step runners add their records to the file as they go)
     if not os.path.exists(args.out):

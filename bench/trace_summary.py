@@ -14,7 +14,7 @@ of the last step block by block: when their blocks started, their waits returned
 (quantiles, after the previous launch's end) and how many of its blocks each SM ran (a launch
 of more blocks than the SMs hold runs in waves).
 
-    python bench/trace_summary.py OUT.csv [--steps 8] [--all [--first N]] [--blocks I,J] [--save LAST2.csv.gz]
+    python bench/trace_summary.py OUT.csv [--steps 8] [--all [--first N]] [--blocks I,J|NAME] [--save LAST2.csv.gz]
 
 (OUT.csv: trace_step.py's file, or a --save'd one.)
 """
@@ -84,6 +84,11 @@ def show_blocks(i: int, launch: dict, prev_end: int) -> None:
     line("end", [(x["end"] - prev_end) * us for x in b])
     line("mark 0, after the wait", [(x["mark0"] - x["waited"]) * us for x in b if x["mark0"] and x["waited"]])
     line("mark 1, after mark 0", [(x["mark1"] - x["mark0"]) * us for x in b if x["mark1"] and x["mark0"]])
+    for x in b:  # a block that alone reaches mark 1 (the sampler's last block): its own times
+        if x["mark1"] and sum(1 for y in b if y["mark1"]) == 1:
+            t = lambda v: f"{(v - prev_end) * us:.2f}" if v else "-"
+            print(f"  the block at mark 1: start {t(x['start'])}, wait returned {t(x['waited'])}, mark 0 {t(x['mark0'])}, "
+                  f"mark 1 {t(x['mark1'])}, end {t(x['end'])}")
 
 
 def main() -> None:
@@ -92,7 +97,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8, help="the last this many decode steps")
     p.add_argument("--all", action="store_true", help="every launch of one step, in order, not per kernel")
     p.add_argument("--first", type=int, help="with --all: only the step's first this many launches")
-    p.add_argument("--blocks", help="the last step's launches I,J,... (numbered as --all prints them) block by block")
+    p.add_argument("--blocks", help="the last step's launches I,J,... (numbered as --all prints them, or every launch of "
+                                     "a kernel whose name starts with NAME, e.g. Sample) block by block")
     p.add_argument("--save", help="write the blocks of the last two steps here (gzip CSV, names shortened)")
     args = p.parse_args()
     rows = []
@@ -102,8 +108,10 @@ def main() -> None:
                          "start": int(r["start"]), "waited": int(r["waited"]), "end": int(r["end"]),
                          "mark0": int(r.get("mark0") or 0), "mark1": int(r.get("mark1") or 0)})
     ls = launches(rows)
-    ends = [i for i, l in enumerate(ls) if l["name"].startswith("Sample")]
-    # a step: the launches after one sampler up to the next, timed from the first's end
+    sampler = [l["name"].startswith("Sample") for l in ls]
+    ends = [i for i, is_s in enumerate(sampler) if is_s and (i + 1 == len(ls) or not sampler[i + 1])]
+    # a step: the launches after one step's sampler kernels (Sample, and SampleMass and SampleWalk
+    # where the step draws) up to the next's last, timed from the first's end
     steps = [(ls[a]["end"], ls[a + 1:b + 1]) for a, b in zip(ends, ends[1:])][-args.steps:]
     if not steps:
         names = sorted({l["name"] for l in ls})
@@ -120,7 +128,10 @@ def main() -> None:
     us = 1e-3
     if args.blocks:
         prev_end, step = steps[-1]
-        for i in (int(x) for x in args.blocks.split(",")):
+        chosen = []
+        for x in args.blocks.split(","):  # a launch's number, or a kernel name's start: its launches
+            chosen += [int(x)] if x.isdigit() else [i for i, l in enumerate(step) if l["name"].startswith(x)]
+        for i in chosen:
             if not 0 <= i < len(step):
                 raise SystemExit(f"--blocks: the last step has launches 0 to {len(step) - 1}, not {i}")
             show_blocks(i, step[i], step[i - 1]["end"] if i else prev_end)

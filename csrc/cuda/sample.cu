@@ -744,6 +744,7 @@ __device__ void SampleMass::run(const SampleArgs& a) {
         if (coarse[i / 256][i % 256]) atomicAdd(&st.coarse[i / 256][i % 256], coarse[i / 256][i % 256]);
     __threadfence();  // (the block's sums in before the count says so)
     __syncthreads();
+    trace_mark(0);  // (the block's tokens added)
     if (threadIdx.x == 0) last = gridDim.x == 1 || atomicAdd(&st.done[0], 1u) == gridDim.x - 1;
     __syncthreads();
     if (!last || threadIdx.x >= 32) return;
@@ -752,6 +753,7 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     for (int b = lane; b < 256; b += 32) total = total + Mass{__ldcg(&st.coarse[0][b]), __ldcg(&st.coarse[use.kept_index()][b])};
     for (int o = 16; o > 0; o /= 2)
         total = total + Mass{__shfl_xor_sync(kFull, total.all, o), __shfl_xor_sync(kFull, total.kept, o)};
+    trace_mark(1);  // (the last block: the totals read; then the cuts)
     if (use.counts) {  // top-k: the first bucket where the count walked reaches k; every token from it up
         const Cut c = find_cut(st, use, [&](const Mass& m) { return m.all >= static_cast<unsigned long long>(p.top_k); });
         if (lane == 0) st.cut_p = -1, st.draw_hi = c.bucket >= 0 ? 65535 : -1, st.draw_lo = c.bucket, st.done[0] = 0;
@@ -866,6 +868,7 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     });
     __threadfence();
     __syncthreads();
+    trace_mark(0);  // (the block's candidates collected)
     if (threadIdx.x == 0) {
         last = gridDim.x == 1 || atomicAdd(&st.done[1], 1u) == gridDim.x - 1;
         if (last) {
@@ -892,6 +895,7 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
         if (count <= kThreads) sort_descending(sorted, count);
         else if (count <= 2 * kThreads) sort_descending_wide<2>(sorted, count);
         else sort_descending_wide<4>(sorted, count);
+        trace_mark(1);  // (the last block: the candidates trimmed and sorted; then the walk)
         token = use.top_k ? walk_top_k(a.logits, sorted, p, u_bits * 0x1.0p-24, mx, ids)  // (at least k: from its bucket up, or trimmed)
                           : walk_cuts(a.logits, n, sorted, count, st, p, u_bits, mx);
     }
