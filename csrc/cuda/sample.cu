@@ -111,10 +111,21 @@ __device__ __forceinline__ void emit(const SampleArgs& a, int32_t token) {
     if (a.out_host) __threadfence_system();
 }
 
+// The last block's sort and walks run on a team: the whole block (kTeam = kThreads), or its first
+// warp alone (kTeam = 32) where the candidates are few (SampleWalk): a warp's steps need no barrier
+// of the block's 32 warps. Every thread of the team calls; its ranks are threadIdx.x < kTeam.
+template <int kTeam>
+__device__ __forceinline__ void team_sync() {
+    static_assert(kTeam == kThreads || kTeam == 32, "a team is the block or its first warp");
+    if constexpr (kTeam == 32) __syncwarp();
+    else __syncthreads();
+}
+
 // One stage of a bitonic sort of `size` keys in shared memory: pair t is i with i + stride, its
 // run of `width` descending where i's bit `width` is clear, else ascending.
+template <int kTeam = kThreads>
 __device__ __forceinline__ void bitonic_stage(unsigned long long* cand, int size, int width, int stride) {
-    for (int t = threadIdx.x; t < size / 2; t += kThreads) {
+    for (int t = threadIdx.x; t < size / 2; t += kTeam) {
         const int i = 2 * t - (t & (stride - 1)), j = i + stride;
         const unsigned long long x = cand[i], y = cand[j];
         if (((i & width) == 0) == (x < y)) cand[i] = y, cand[j] = x;
@@ -122,18 +133,19 @@ __device__ __forceinline__ void bitonic_stage(unsigned long long* cand, int size
 }
 
 // Sorts cand[0, count) (in shared memory with room for the next power of two) into descending
-// order: a bitonic sort, block-wide (each thread its pairs), the tail padded with zeros.
+// order: a bitonic sort by the team (each thread its pairs), the tail padded with zeros.
+template <int kTeam = kThreads>
 __device__ void sort_descending(unsigned long long* cand, int count) {
     int size = 1;
     while (size < count) size *= 2;
-    __syncthreads();  // (cand written)
-    for (int i = count + threadIdx.x; i < size; i += kThreads) cand[i] = 0;
+    team_sync<kTeam>();  // (cand written)
+    for (int i = count + threadIdx.x; i < size; i += kTeam) cand[i] = 0;
     for (int width = 2; width <= size; width *= 2)
         for (int stride = width / 2; stride > 0; stride /= 2) {
-            __syncthreads();
-            bitonic_stage(cand, size, width, stride);
+            team_sync<kTeam>();
+            bitonic_stage<kTeam>(cand, size, width, stride);
         }
-    __syncthreads();
+    team_sync<kTeam>();
 }
 
 // The same for count > kThreads (up to kThreads · E), in fewer barriers: E keys a thread in
@@ -245,14 +257,16 @@ __device__ __forceinline__ unsigned long long peer_sum(unsigned peers, unsigned 
     return (static_cast<unsigned long long>(__reduce_add_sync(peers, static_cast<unsigned>(q >> 23))) << 23) +
            __reduce_add_sync(peers, static_cast<unsigned>(q & 0x7FFFFFu));
 }
-// Block-wide (one value a thread): the inclusive prefix sum, and the lowest thread for which a
-// test holds (kThreads where none does).
+// Team-wide (one value a thread): the inclusive prefix sum, and the lowest thread for which a
+// test holds (kTeam where none does).
+template <int kTeam = kThreads>
 __device__ unsigned long long block_scan(unsigned long long v, unsigned long long* warp_sums) {
     const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
     for (int o = 1; o < 32; o *= 2) {
         const unsigned long long x = __shfl_sync(kFull, v, lane - o);
         if (lane >= o) v += x;
     }
+    if constexpr (kTeam == 32) return v;
     __syncthreads();
     if (lane == 31) warp_sums[warp] = v;
     __syncthreads();
@@ -260,7 +274,12 @@ __device__ unsigned long long block_scan(unsigned long long v, unsigned long lon
     return v;
 }
 // The least of the threads' `mine` (none where none is less; every thread's answer).
+template <int kTeam = kThreads>
 __device__ int block_min(int mine, int none, int* first) {
+    if constexpr (kTeam == 32) {
+        for (int o = 16; o > 0; o /= 2) mine = min(mine, __shfl_xor_sync(kFull, mine, o));
+        return min(mine, none);
+    }
     __syncthreads();
     if (threadIdx.x == 0) *first = none;
     __syncthreads();
@@ -268,7 +287,10 @@ __device__ int block_min(int mine, int none, int* first) {
     __syncthreads();
     return *first;
 }
-__device__ int block_first(bool test, int* first) { return block_min(test ? static_cast<int>(threadIdx.x) : kThreads, kThreads, first); }
+template <int kTeam = kThreads>
+__device__ int block_first(bool test, int* first) {
+    return block_min<kTeam>(test ? static_cast<int>(threadIdx.x) : kTeam, kTeam, first);
+}
 
 // The largest key θ for which ok(θ) holds (ok non-increasing in θ, ok(0) true).
 template <typename F>
@@ -367,19 +389,20 @@ __device__ int32_t draw_by_bisection(const float* __restrict__ l, int32_t n, con
 
 constexpr int kMaxCandidates = 1024;  // the tokens a block walks one a thread (walk_cuts, sample_top_k)
 constexpr int kMaxTopK = 4096;        // top-k's candidates a block sorts and walks (SampleWalk)
+constexpr int kWarpTopK = 64;         // top-k's candidates SampleWalk's first warp sorts and walks alone (without top-k: 32)
 static_assert(kMaxTopK <= 4 * kThreads, "SampleWalk sorts up to 4 keys a thread");
 __device__ __forceinline__ int pow2_at_least(int x) { return x <= 1 ? 1 : 1 << (32 - __clz(x - 1)); }
 
 // The first i in [0, count) where test(i) holds, count where none does (every thread's answer).
-template <typename F>
+template <int kTeam = kThreads, typename F>
 __device__ int block_first_of(int count, F test, int* first) {
     int mine = count;
-    for (int i = static_cast<int>(threadIdx.x); i < count; i += kThreads)
+    for (int i = static_cast<int>(threadIdx.x); i < count; i += kTeam)
         if (test(i)) {
             mine = i;
             break;
         }
-    return block_min(mine, count, first);
+    return block_min<kTeam>(mine, count, first);
 }
 
 // The CPU sampler's walk over the k best tokens, cand[0, k) in the contract's order (k = p.top_k
@@ -387,34 +410,35 @@ __device__ int block_first_of(int count, F test, int* first) {
 // key, whose id goes to ids, k ints of global scratch), then their running sums in the CPU's
 // order by one thread, which are its top-p prefix, its min-p sum and its draw alike: each cut is
 // the first index past a sum, searched by the whole block (every thread's answer). (Four serial
-// walks by one thread, the CPU's loops, cost top-k 2000 +0.18 ms a token on an H100.)
+// walks by one thread, the CPU's loops, cost top-k 2000 +0.18 ms a token on an H100.) On a team.
+template <int kTeam = kThreads>
 __device__ int32_t walk_top_k(const float* __restrict__ l, unsigned long long* cand, const DeviceSampling& p, double u, float mx,
                               int32_t* ids) {
     __shared__ int first_at;
     const int k = p.top_k;
-    for (int i = threadIdx.x; i < k; i += kThreads) {
+    for (int i = threadIdx.x; i < k; i += kTeam) {
         const int32_t id = order_id(cand[i]);
         ids[i] = id;
         cand[i] = static_cast<unsigned long long>(__double_as_longlong(weight(l[id], mx, p.temperature)));
     }
-    __syncthreads();
+    team_sync<kTeam>();
     const auto at = [&](int i) { return __longlong_as_double(static_cast<long long>(cand[i])); };
     const double min_w = p.min_p;  // w is non-increasing: min-p and w == 0 cut a suffix, from here
-    const int cut_m = block_first_of(k, [&](int i) { return !(at(i) >= min_w && at(i) > 0.0); }, &first_at);
+    const int cut_m = block_first_of<kTeam>(k, [&](int i) { return !(at(i) >= min_w && at(i) > 0.0); }, &first_at);
     if (threadIdx.x == 0) {  // cand[i] = w[0] + ... + w[i], added in order
         double sum = 0.0;
 #pragma unroll 8
         for (int i = 0; i < k; ++i) cand[i] = static_cast<unsigned long long>(__double_as_longlong(sum = __dadd_rn(sum, at(i))));
     }
-    __syncthreads();
+    team_sync<kTeam>();
     int kept = k;
     if (p.top_p < 1.0f) {  // the nucleus ends at the first token whose running sum reaches top_p · Z
         const double target = p.top_p * at(k - 1);
-        kept = min(k, block_first_of(k, [&](int i) { return at(i) >= target; }, &first_at) + 1);
+        kept = min(k, block_first_of<kTeam>(k, [&](int i) { return at(i) >= target; }, &first_at) + 1);
     }
     const int m = min(kept, cut_m);  // (at least 1: the first token weighs 1)
     const double target = u * at(m - 1);
-    const int pick = block_first_of(m, [&](int i) { return at(i) > target; }, &first_at);
+    const int pick = block_first_of<kTeam>(m, [&](int i) { return at(i) > target; }, &first_at);
     return ids[min(pick, m - 1)];
 }
 
@@ -618,48 +642,87 @@ struct MassUse {
           counts(top_k && p.top_k <= kMaxTopK),
           all(counts || (!top_k && (p.top_p < 1.0f || p.min_p <= 0.0f))),
           kept(!top_k && p.min_p > 0.0f) {}
-    __device__ int kept_index() const { return kept ? 1 : 0; }
 };
 
 // Where the walk over the buckets from the top (the contract's order) first passes `pass`, a test
 // on the mass walked so far: over the 256 coarse buckets, then the 256 fine ones inside the
-// coarse one found. Warp-wide (each lane 8 of a level's buckets); bucket -1 where it never passes.
+// coarse one found. Warp-wide, SampleMass's last block's first warp: each level is staged into
+// shared memory first (both histograms, read from L2 once), then each lane walks 8 of its buckets.
 struct Cut {
-    int32_t bucket;
-    Mass above;  // the buckets' before it
+    int32_t bucket;  // -1 where the walk never passes
+    Mass above;      // the buckets' before it
+    Mass at;         // its own
 };
-template <typename Pass>
-__device__ Cut find_cut(const WideState& st, const MassUse& use, Pass pass) {
+using Level = unsigned long long[2][256];  // a level's buckets: every token's masses (0) and the kept ones' (1)
+
+// The coarse histograms (c < 0), or the fine ones inside coarse bucket c, into `to`; and where
+// `to_b` is given, coarse bucket c_b's fine ones into it, their reads in flight with the first's.
+__device__ void stage_level(const WideState& st, const MassUse& use, int32_t c, Level& to, int32_t c_b = 0, Level* to_b = nullptr) {
     const int lane = static_cast<int>(threadIdx.x % 32);
-    Mass base;
-    int32_t bucket = 0;
-    for (int level = 0; level < 2; ++level) {
-        const unsigned long long* all = level == 0 ? st.coarse[0] : st.fine[0] + bucket * 256;
-        const unsigned long long* kept = level == 0 ? st.coarse[use.kept_index()] : st.fine[use.kept_index()] + bucket * 256;
-        Mass m[8], sum;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int b = 255 - 8 * lane - j;
-            m[j] = Mass{__ldcg(all + b), __ldcg(kept + b)};
-            sum = sum + m[j];
+    const auto level = [&](int h, int32_t at) { return at < 0 ? st.coarse[h] : st.fine[h] + at * 256; };
+    __syncwarp();  // (the levels they held read)
+#pragma unroll 4
+    for (int b = lane; b < 256; b += 32) {  // (histogram 0 serves as the kept masses' where min-p is off)
+        const unsigned long long x = __ldcg(level(0, c) + b), y = use.kept ? __ldcg(level(1, c) + b) : x;
+        if (to_b) {
+            const unsigned long long xb = __ldcg(level(0, c_b) + b), yb = use.kept ? __ldcg(level(1, c_b) + b) : xb;
+            (*to_b)[0][b] = xb, (*to_b)[1][b] = yb;
         }
-        Mass upto = sum;  // over this lane's buckets and every earlier lane's
-        for (int o = 1; o < 32; o *= 2) {
-            const Mass v{__shfl_sync(kFull, upto.all, lane - o), __shfl_sync(kFull, upto.kept, lane - o)};
-            if (lane >= o) upto = upto + v;
-        }
-        const unsigned ok = __ballot_sync(kFull, pass(base + upto));
-        if (!ok) return Cut{-1, base};
-        const int first = __ffs(static_cast<int>(ok)) - 1;
-        Mass above = base + Mass{upto.all - sum.all, upto.kept - sum.kept};
-        int j = 0;
-        if (lane == first)
-            for (; j < 7 && !pass(above + m[j]); ++j) above = above + m[j];
-        j = __shfl_sync(kFull, j, first);
-        base = Mass{__shfl_sync(kFull, above.all, first), __shfl_sync(kFull, above.kept, first)};
-        bucket = bucket * 256 + 255 - 8 * first - j;
+        to[0][b] = x, to[1][b] = y;
     }
-    return Cut{bucket, base};
+    __syncwarp();
+}
+
+// The bucket of a staged level (0..255, from its top at 255) where the walk, having walked `above`
+// before the level, first passes; above then gets the level's buckets before it, at its own. -1 where
+// the walk never passes in this level (above, at unchanged).
+template <typename Pass>
+__device__ int32_t cut_in_level(const Level& v, Mass& above, Mass& at, Pass pass) {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const auto m = [&](int j) { return Mass{v[0][255 - 8 * lane - j], v[1][255 - 8 * lane - j]}; };  // this lane's buckets
+    Mass sum;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sum = sum + m(j);
+    Mass upto = sum;  // over this lane's buckets and every earlier lane's
+    for (int o = 1; o < 32; o *= 2) {
+        const Mass x{__shfl_sync(kFull, upto.all, lane - o), __shfl_sync(kFull, upto.kept, lane - o)};
+        if (lane >= o) upto = upto + x;
+    }
+    const unsigned ok = __ballot_sync(kFull, pass(above + upto));
+    if (!ok) return -1;
+    const int first = __ffs(static_cast<int>(ok)) - 1;
+    Mass before = above + Mass{upto.all - sum.all, upto.kept - sum.kept};
+    int j = 0;  // (the lane's last bucket passes where none before it does)
+    for (; j < 7 && !pass(before + m(j)); ++j) before = before + m(j);
+    const Mass own = m(j);
+    j = __shfl_sync(kFull, j, first);
+    above = Mass{__shfl_sync(kFull, before.all, first), __shfl_sync(kFull, before.kept, first)};
+    at = Mass{__shfl_sync(kFull, own.all, first), __shfl_sync(kFull, own.kept, first)};
+    return 255 - 8 * first - j;
+}
+
+// The cut from the staged coarse level `top` down, its fine level staged into `fine`.
+template <typename Pass>
+__device__ Cut find_cut(const Level& top, const WideState& st, const MassUse& use, Level& fine, Pass pass) {
+    Cut c{-1, Mass{}, Mass{}};
+    const int32_t b0 = cut_in_level(top, c.above, c.at, pass);
+    if (b0 < 0) return c;
+    stage_level(st, use, b0, fine);
+    const int32_t b1 = cut_in_level(fine, c.above, c.at, pass);
+    c.bucket = b1 < 0 ? -1 : b0 * 256 + b1;
+    return c;
+}
+// Two cuts at once: both fine levels read from L2 together.
+template <typename PassA, typename PassB>
+__device__ void find_cuts(const Level& top, const WideState& st, const MassUse& use, Level& fine_a, Level& fine_b, PassA pass_a,
+                          PassB pass_b, Cut& a, Cut& b) {
+    a = b = Cut{-1, Mass{}, Mass{}};
+    const int32_t a0 = cut_in_level(top, a.above, a.at, pass_a), b0 = cut_in_level(top, b.above, b.at, pass_b);
+    stage_level(st, use, max(a0, 0), fine_a, max(b0, 0), &fine_b);  // (bucket 0's where a cut is not found: unused)
+    const int32_t a1 = a0 < 0 ? -1 : cut_in_level(fine_a, a.above, a.at, pass_a);
+    const int32_t b1 = b0 < 0 ? -1 : cut_in_level(fine_b, b.above, b.at, pass_b);
+    a.bucket = a1 < 0 ? -1 : a0 * 256 + a1;
+    b.bucket = b1 < 0 ? -1 : b0 * 256 + b1;
 }
 
 // top-k's counts, a token a thread (count <= kThreads): each of the block's tokens at or above
@@ -745,18 +808,20 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     __threadfence();  // (the block's sums in before the count says so)
     __syncthreads();
     trace_mark(0);  // (the block's tokens added)
-    if (threadIdx.x == 0) last = gridDim.x == 1 || atomicAdd(&st.done[0], 1u) == gridDim.x - 1;
+    if (threadIdx.x == 0) last = gridDim.x == 1 || atomicAdd(&st.done, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!last || threadIdx.x >= 32) return;
-    // the last block's first warp: the cuts
+    // the last block's first warp: the cuts, from the coarse histograms staged in place of the block's
+    __shared__ Level fine_a, fine_b;
+    stage_level(st, use, -1, coarse);
     Mass total;
-    for (int b = lane; b < 256; b += 32) total = total + Mass{__ldcg(&st.coarse[0][b]), __ldcg(&st.coarse[use.kept_index()][b])};
+    for (int b = lane; b < 256; b += 32) total = total + Mass{coarse[0][b], coarse[1][b]};
     for (int o = 16; o > 0; o /= 2)
         total = total + Mass{__shfl_xor_sync(kFull, total.all, o), __shfl_xor_sync(kFull, total.kept, o)};
     trace_mark(1);  // (the last block: the totals read; then the cuts)
     if (use.counts) {  // top-k: the first bucket where the count walked reaches k; every token from it up
-        const Cut c = find_cut(st, use, [&](const Mass& m) { return m.all >= static_cast<unsigned long long>(p.top_k); });
-        if (lane == 0) st.cut_p = -1, st.draw_hi = c.bucket >= 0 ? 65535 : -1, st.draw_lo = c.bucket, st.done[0] = 0;
+        const Cut c = find_cut(coarse, st, use, fine_a, [&](const Mass& m) { return m.all >= static_cast<unsigned long long>(p.top_k); });
+        if (lane == 0) st.cut_p = -1, st.draw_hi = c.bucket >= 0 ? 65535 : -1, st.draw_lo = c.bucket, st.done = 0;
         for (int i = lane; i < 256; i += 32) st.coarse[0][i] = 0;
         return;
     }
@@ -766,14 +831,17 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     Mass above_p;
     if (p.top_p < 1.0f) {  // the first bucket where the mass walked reaches top_p · Z
         need = min(total.all, max(1ull, static_cast<unsigned long long>(ceil(static_cast<double>(p.top_p) * static_cast<double>(total.all)))));
-        const Cut c = find_cut(st, use, [&](const Mass& m) { return m.all >= need; });
+        const Cut c = find_cut(coarse, st, use, fine_a, [&](const Mass& m) { return m.all >= need; });
         cut_p = c.bucket;
         above_p = c.above;
         s_lo = c.above.kept;
-        s_hi = s_lo + (cut_p >= 0 ? __ldcg(&st.fine[use.kept_index()][cut_p]) : 0);
+        s_hi = s_lo + (cut_p >= 0 ? c.at.kept : 0);
     }
-    const Cut hi = find_cut(st, use, [&](const Mass& m) { return m.kept > draw_target(u_bits, s_lo); });
-    const Cut lo = find_cut(st, use, [&](const Mass& m) { return m.kept > draw_target(u_bits, s_hi); });
+    const unsigned long long target_hi = draw_target(u_bits, s_lo), target_lo = draw_target(u_bits, s_hi);
+    Cut hi, lo;
+    const auto pass_hi = [&](const Mass& m) { return m.kept > target_hi; };
+    if (target_lo == target_hi) lo = hi = find_cut(coarse, st, use, fine_a, pass_hi);  // (without top-p: S known)
+    else find_cuts(coarse, st, use, fine_a, fine_b, pass_hi, [&](const Mass& m) { return m.kept > target_lo; }, hi, lo);
     const bool found = (p.top_p >= 1.0f || cut_p >= 0) && hi.bucket >= 0 && lo.bucket >= 0;  // (always, but for a bug)
     if (lane == 0) {
         st.cut_p = cut_p;
@@ -784,7 +852,7 @@ __device__ void SampleMass::run(const SampleArgs& a) {
         st.draw_lo = found ? lo.bucket : -1;
         st.kept_above_d = hi.above.kept;
         st.kept_total = total.kept;
-        st.done[0] = 0;
+        st.done = 0;
     }
     for (int i = lane; i < 2 * 256; i += 32) st.coarse[i / 256][i % 256] = 0;
 }
@@ -796,7 +864,9 @@ struct SampleWalk {
 };
 
 // SampleWalk's last block, without top-k: the sorted candidates (count of them, at most one a
-// thread) walked with block-wide prefix sums; -1 (every thread) where a cut is not among them.
+// thread of the team) walked with team-wide prefix sums; -1 (every thread) where a cut is not
+// among them.
+template <int kTeam = kThreads>
 __device__ int32_t walk_cuts(const float* __restrict__ l, int32_t n, const unsigned long long* sorted, int count, const WideState& st,
                              const DeviceSampling& p, uint32_t u_bits, float mx) {
     __shared__ unsigned long long sums[kThreads / 32], s_total;
@@ -812,18 +882,18 @@ __device__ int32_t walk_cuts(const float* __restrict__ l, int32_t n, const unsig
     unsigned long long theta = 0, s = st.kept_total;
     if (st.cut_p >= 0) {  // top-p's end: the first of its bucket whose mass walked reaches need
         const bool in = valid && f == st.cut_p;
-        const unsigned long long c = st.all_above_p + block_scan(in ? q : 0, sums);
-        const int end = block_first(in && c >= st.need, &first_at);
+        const unsigned long long c = st.all_above_p + block_scan<kTeam>(in ? q : 0, sums);
+        const int end = block_first<kTeam>(in && c >= st.need, &first_at);
         if (end >= count) return -1;
         theta = sorted[end];
-        s = st.kept_above_p + block_scan(in && o >= theta && kept ? q : 0, sums);
-        if (i == kThreads - 1) s_total = s;  // (the last thread's: the whole block's)
-        __syncthreads();
+        s = st.kept_above_p + block_scan<kTeam>(in && o >= theta && kept ? q : 0, sums);
+        if (i == kTeam - 1) s_total = s;  // (the last thread's: the whole team's)
+        team_sync<kTeam>();
         s = s_total;
     }
     const bool in = valid && f >= st.draw_lo && f <= st.draw_hi && kept && o >= theta;
-    const unsigned long long c = st.kept_above_d + block_scan(in ? q : 0, sums);
-    const int at = block_first(in && c > draw_target(u_bits, s), &first_at);
+    const unsigned long long c = st.kept_above_d + block_scan<kTeam>(in ? q : 0, sums);
+    const int at = block_first<kTeam>(in && c > draw_target(u_bits, s), &first_at);
     return at < count ? order_id(sorted[at]) : -1;
 }
 
@@ -864,16 +934,17 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
         if (!valid || bisect) return;
         const uint32_t k = key(v);
         const int32_t f = use.counts ? bucket_of_key(k) : bucket_at(distance(v, mx, p.temperature));
-        if (hi >= 0 && (f == cut_p || (f <= hi && f >= lo))) cand[atomicAdd(&st.n_cand, 1u)] = order_key(k, from + i);
+        if (hi >= 0 && (f == cut_p || (f <= hi && f >= lo))) cand[static_cast<uint32_t>(atomicAdd(&st.walk, 1ull))] = order_key(k, from + i);
     });
     __threadfence();
     __syncthreads();
     trace_mark(0);  // (the block's candidates collected)
-    if (threadIdx.x == 0) {
-        last = gridDim.x == 1 || atomicAdd(&st.done[1], 1u) == gridDim.x - 1;
+    if (threadIdx.x == 0) {  // (the last block's own add returns the candidates' count)
+        const unsigned long long w = atomicAdd(&st.walk, 1ull << 32);
+        last = w >> 32 == gridDim.x - 1;
         if (last) {
-            n_cand = atomicExch(&st.n_cand, 0u);
-            st.done[1] = 0;
+            n_cand = static_cast<unsigned>(w);
+            st.walk = 0;
         }
     }
     __syncthreads();
@@ -887,17 +958,31 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     // top-k: candidates that would pad the sort past k's power of two cut to the k best (and ties)
     const int most = use.top_k ? kMaxTopK : kMaxCandidates;  // (the candidates a sort here takes)
     const bool trim = use.top_k && hi >= 0 && count > kThreads && pow2_at_least(count) > pow2_at_least(p.top_k);
-    if (count <= most && hi >= 0)
-        for (int i = threadIdx.x; i < count; i += kThreads) sorted[i] = __ldcg(cand + i);
-    if (trim && count <= kMaxTopK) count = trim_top_k([&](int i) { return sorted[i]; }, count, p.top_k, lo, sorted);
-    else if (trim) count = trim_top_k([&](int i) { return __ldcg(cand + i); }, count, p.top_k, lo, sorted);  // (-1: too many ties)
-    if (count >= 0 && count <= most && hi >= 0) {
-        if (count <= kThreads) sort_descending(sorted, count);
-        else if (count <= 2 * kThreads) sort_descending_wide<2>(sorted, count);
-        else sort_descending_wide<4>(sorted, count);
-        trace_mark(1);  // (the last block: the candidates trimmed and sorted; then the walk)
-        token = use.top_k ? walk_top_k(a.logits, sorted, p, u_bits * 0x1.0p-24, mx, ids)  // (at least k: from its bucket up, or trimmed)
-                          : walk_cuts(a.logits, n, sorted, count, st, p, u_bits, mx);
+    if (hi >= 0 && count <= (use.top_k ? kWarpTopK : 32)) {  // few: the first warp alone sorts and walks them
+        __shared__ int32_t drawn;
+        if (threadIdx.x < 32) {
+            for (int i = threadIdx.x; i < count; i += 32) sorted[i] = __ldcg(cand + i);
+            sort_descending<32>(sorted, count);
+            trace_mark(1);  // (the last block: the candidates sorted; then the walk)
+            const int32_t t = use.top_k ? walk_top_k<32>(a.logits, sorted, p, u_bits * 0x1.0p-24, mx, ids)
+                                        : walk_cuts<32>(a.logits, n, sorted, count, st, p, u_bits, mx);
+            if (threadIdx.x == 0) drawn = t;
+        }
+        __syncthreads();
+        token = drawn;
+    } else {
+        if (count <= most && hi >= 0)
+            for (int i = threadIdx.x; i < count; i += kThreads) sorted[i] = __ldcg(cand + i);
+        if (trim && count <= kMaxTopK) count = trim_top_k([&](int i) { return sorted[i]; }, count, p.top_k, lo, sorted);
+        else if (trim) count = trim_top_k([&](int i) { return __ldcg(cand + i); }, count, p.top_k, lo, sorted);  // (-1: too many ties)
+        if (count >= 0 && count <= most && hi >= 0) {
+            if (count <= kThreads) sort_descending(sorted, count);
+            else if (count <= 2 * kThreads) sort_descending_wide<2>(sorted, count);
+            else sort_descending_wide<4>(sorted, count);
+            trace_mark(1);  // (the last block: the candidates trimmed and sorted; then the walk)
+            token = use.top_k ? walk_top_k(a.logits, sorted, p, u_bits * 0x1.0p-24, mx, ids)  // (at least k: from its bucket up, or trimmed)
+                              : walk_cuts(a.logits, n, sorted, count, st, p, u_bits, mx);
+        }
     }
     if (token < 0 && use.counts && p.top_k <= kMaxCandidates) token = sample_top_k(a.logits, n, p, u_bits * 0x1.0p-24, mx, ids);
     if (token < 0) token = draw_by_bisection(a.logits, n, p, u_bits, mx, top, cand);

@@ -76,8 +76,8 @@ struct WideState {
     unsigned long long need;       // top-p: the mass its prefix reaches
     unsigned long long all_above_p, kept_above_p, kept_above_d;
     unsigned long long kept_total;  // the mass the draw is over (without top-p)
-    unsigned done[2];               // SampleMass's, SampleWalk's blocks finished
-    unsigned n_cand;                // SampleWalk's candidates collected
+    unsigned done;                  // SampleMass's blocks finished
+    unsigned long long walk;        // SampleWalk's candidates collected (low 32 bits) and blocks finished (high 32)
 };
 // Whether a step with p draws (a temperature) in the sampler's two more kernels: the runner then
 // passes a WideState.

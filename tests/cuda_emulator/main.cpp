@@ -170,7 +170,7 @@ int cmd_sample(const std::string& logits_path, const Options& o) {
     if (best[0] != 0 || best[1] != 0) throw std::logic_error("the sampler left its merge words set");
     const auto* bytes = reinterpret_cast<const unsigned char*>(wide.get());
     if (std::any_of(bytes, bytes + offsetof(cuda::WideState, active), [](unsigned char b) { return b != 0; }) || wide->active != 0 ||
-        wide->done[0] != 0 || wide->done[1] != 0 || wide->n_cand != 0)
+        wide->done != 0 || wide->walk != 0)
         throw std::logic_error("the draw's kernels left their histograms or counters set");
     std::printf("%d\n", h.sampled);
     return 0;
