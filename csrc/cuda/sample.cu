@@ -151,6 +151,45 @@ __device__ void sort_descending(unsigned long long* cand, int count) {
 // The same for count > kThreads (up to kThreads · E), in fewer barriers: E keys a thread in
 // registers (a warp's 32 E in a row), strides under 32 E between lanes by shuffles, the longer
 // ones in shared memory (at 4096 keys, 15 barrier stages where sort_descending has 78).
+// The bitonic stages of run width `width` with strides from `top` down, on a warp's 32 E keys in
+// registers (E a lane, at positions base + r): strides under E within a lane, the others by
+// shuffles. Keys p and p ^ stride: the lower one keeps the larger where p's run of `width` descends.
+template <int E>
+__device__ __forceinline__ void warp_merge(unsigned long long (&v)[E], int base, int width, int top) {
+    for (int stride = top; stride >= E; stride /= 2)
+#pragma unroll
+        for (int r = 0; r < E; ++r) {
+            const int p = base + r;
+            const unsigned long long y = __shfl_xor_sync(kFull, v[r], stride / E), hi = max(v[r], y), lo = min(v[r], y);
+            v[r] = ((p & width) == 0) == ((p & stride) == 0) ? hi : lo;
+        }
+#pragma unroll
+    for (int stride = E / 2; stride > 0; stride /= 2)
+#pragma unroll
+        for (int r = 0; r < E; ++r)
+            if (!(r & stride) && stride <= top) {
+                const unsigned long long hi = max(v[r], v[r | stride]), lo = min(v[r], v[r | stride]);
+                const bool descending = ((base + r) & width) == 0;
+                v[r] = descending ? hi : lo;
+                v[r | stride] = descending ? lo : hi;
+            }
+}
+
+// A warp alone (the first): cand[0, count) (count <= 32 E, global) sorted descending in registers
+// into sorted[0, count) (shared).
+template <int E>
+__device__ void sort_few(const unsigned long long* cand, int count, unsigned long long* sorted) {
+    const int base = static_cast<int>(threadIdx.x % 32) * E;
+    unsigned long long v[E];
+#pragma unroll
+    for (int r = 0; r < E; ++r) v[r] = base + r < count ? __ldcg(cand + base + r) : 0ull;
+    for (int width = 2; width <= 32 * E; width *= 2) warp_merge<E>(v, base, width, width / 2);
+#pragma unroll
+    for (int r = 0; r < E; ++r)
+        if (base + r < count) sorted[base + r] = v[r];
+    __syncwarp();
+}
+
 template <int E>
 __device__ void sort_descending_wide(unsigned long long* cand, int count) {
     const int lane = static_cast<int>(threadIdx.x % 32), base = static_cast<int>(threadIdx.x / 32) * 32 * E + lane * E;
@@ -158,26 +197,7 @@ __device__ void sort_descending_wide(unsigned long long* cand, int count) {
     __syncthreads();  // (cand written)
 #pragma unroll
     for (int r = 0; r < E; ++r) v[r] = base + r < count ? cand[base + r] : 0ull;
-    // keys p and p ^ stride: the lower one keeps the larger where p's run of `width` descends
-    const auto in_warp = [&](int width, int top) {
-        for (int stride = top; stride >= E; stride /= 2)
-#pragma unroll
-            for (int r = 0; r < E; ++r) {
-                const int p = base + r;
-                const unsigned long long y = __shfl_xor_sync(kFull, v[r], stride / E), hi = max(v[r], y), lo = min(v[r], y);
-                v[r] = ((p & width) == 0) == ((p & stride) == 0) ? hi : lo;
-            }
-#pragma unroll
-        for (int stride = E / 2; stride > 0; stride /= 2)
-#pragma unroll
-            for (int r = 0; r < E; ++r)
-                if (!(r & stride) && stride <= top) {
-                    const unsigned long long hi = max(v[r], v[r | stride]), lo = min(v[r], v[r | stride]);
-                    const bool descending = ((base + r) & width) == 0;
-                    v[r] = descending ? hi : lo;
-                    v[r | stride] = descending ? lo : hi;
-                }
-    };
+    const auto in_warp = [&](int width, int top) { warp_merge<E>(v, base, width, top); };
     for (int width = 2; width <= 32 * E; width *= 2) in_warp(width, width / 2);
     for (int width = 64 * E; width <= kThreads * E; width *= 2) {
 #pragma unroll
@@ -691,10 +711,17 @@ __device__ int32_t cut_in_level(const Level& v, Mass& above, Mass& at, Pass pass
     const unsigned ok = __ballot_sync(kFull, pass(above + upto));
     if (!ok) return -1;
     const int first = __ffs(static_cast<int>(ok)) - 1;
-    Mass before = above + Mass{upto.all - sum.all, upto.kept - sum.kept};
-    int j = 0;  // (the lane's last bucket passes where none before it does)
-    for (; j < 7 && !pass(before + m(j)); ++j) before = before + m(j);
-    const Mass own = m(j);
+    // the first of this lane's buckets where the walk passes (its last where none before it does),
+    // every bucket's test at once
+    Mass run = above + Mass{upto.all - sum.all, upto.kept - sum.kept}, before = run, own = m(7);
+    int j = 7;
+#pragma unroll
+    for (int i = 0; i < 7; ++i) {
+        const Mass mi = m(i), next = run + mi;
+        if (j == 7 && pass(next)) j = i, before = run, own = mi;
+        run = next;
+    }
+    if (j == 7) before = run;
     j = __shfl_sync(kFull, j, first);
     above = Mass{__shfl_sync(kFull, before.all, first), __shfl_sync(kFull, before.kept, first)};
     at = Mass{__shfl_sync(kFull, own.all, first), __shfl_sync(kFull, own.kept, first)};
@@ -748,6 +775,55 @@ __device__ void count_top_k(const float* __restrict__ l, int count, int k, unsig
     if (counted && lane == __ffs(static_cast<int>(same)) - 1) atomicAdd(&fine[f], static_cast<unsigned long long>(__popc(same)));
     const unsigned peers = __match_any_sync(kFull, counted ? f >> 8 : -1);
     if (counted && lane == __ffs(static_cast<int>(peers)) - 1) atomicAdd(&coarse[f >> 8], static_cast<unsigned long long>(__popc(peers)));
+}
+
+// SampleMass's last block's first warp: the cuts, from the coarse histograms staged in place of
+// the block's own (`coarse`).
+__device__ __attribute__((noinline)) void mass_cuts(WideState& st, const MassUse& use, const DeviceSampling& p, uint64_t step, Level& coarse) {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    __shared__ Level fine_a, fine_b;
+    stage_level(st, use, -1, coarse);
+    Mass total;
+    for (int b = lane; b < 256; b += 32) total = total + Mass{coarse[0][b], coarse[1][b]};
+    for (int o = 16; o > 0; o /= 2)
+        total = total + Mass{__shfl_xor_sync(kFull, total.all, o), __shfl_xor_sync(kFull, total.kept, o)};
+    trace_mark(1);  // (the last block: the totals read; then the cuts)
+    if (use.counts) {  // top-k: the first bucket where the count walked reaches k; every token from it up
+        const Cut c = find_cut(coarse, st, use, fine_a, [&](const Mass& m) { return m.all >= static_cast<unsigned long long>(p.top_k); });
+        if (lane == 0) st.cut_p = -1, st.draw_hi = c.bucket >= 0 ? 65535 : -1, st.draw_lo = c.bucket, st.done = 0;
+        for (int i = lane; i < 256; i += 32) st.coarse[0][i] = 0;
+        return;
+    }
+    const uint32_t u_bits = uniform_bits(p.seed, step);
+    int32_t cut_p = -1;
+    unsigned long long need = 0, s_lo = total.kept, s_hi = total.kept;
+    Mass above_p;
+    if (p.top_p < 1.0f) {  // the first bucket where the mass walked reaches top_p · Z
+        need = min(total.all, max(1ull, static_cast<unsigned long long>(ceil(static_cast<double>(p.top_p) * static_cast<double>(total.all)))));
+        const Cut c = find_cut(coarse, st, use, fine_a, [&](const Mass& m) { return m.all >= need; });
+        cut_p = c.bucket;
+        above_p = c.above;
+        s_lo = c.above.kept;
+        s_hi = s_lo + (cut_p >= 0 ? c.at.kept : 0);
+    }
+    const unsigned long long target_hi = draw_target(u_bits, s_lo), target_lo = draw_target(u_bits, s_hi);
+    Cut hi, lo;
+    const auto pass_hi = [&](const Mass& m) { return m.kept > target_hi; };
+    if (target_lo == target_hi) lo = hi = find_cut(coarse, st, use, fine_a, pass_hi);  // (without top-p: S known)
+    else find_cuts(coarse, st, use, fine_a, fine_b, pass_hi, [&](const Mass& m) { return m.kept > target_lo; }, hi, lo);
+    const bool found = (p.top_p >= 1.0f || cut_p >= 0) && hi.bucket >= 0 && lo.bucket >= 0;  // (always, but for a bug)
+    if (lane == 0) {
+        st.cut_p = cut_p;
+        st.need = need;
+        st.all_above_p = above_p.all;
+        st.kept_above_p = above_p.kept;
+        st.draw_hi = found ? hi.bucket : -1;  // (-1: SampleWalk collects nothing, and bisects)
+        st.draw_lo = found ? lo.bucket : -1;
+        st.kept_above_d = hi.above.kept;
+        st.kept_total = total.kept;
+        st.done = 0;
+    }
+    for (int i = lane; i < 2 * 256; i += 32) st.coarse[i / 256][i % 256] = 0;
 }
 
 struct SampleMass {
@@ -811,50 +887,7 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     if (threadIdx.x == 0) last = gridDim.x == 1 || atomicAdd(&st.done, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!last || threadIdx.x >= 32) return;
-    // the last block's first warp: the cuts, from the coarse histograms staged in place of the block's
-    __shared__ Level fine_a, fine_b;
-    stage_level(st, use, -1, coarse);
-    Mass total;
-    for (int b = lane; b < 256; b += 32) total = total + Mass{coarse[0][b], coarse[1][b]};
-    for (int o = 16; o > 0; o /= 2)
-        total = total + Mass{__shfl_xor_sync(kFull, total.all, o), __shfl_xor_sync(kFull, total.kept, o)};
-    trace_mark(1);  // (the last block: the totals read; then the cuts)
-    if (use.counts) {  // top-k: the first bucket where the count walked reaches k; every token from it up
-        const Cut c = find_cut(coarse, st, use, fine_a, [&](const Mass& m) { return m.all >= static_cast<unsigned long long>(p.top_k); });
-        if (lane == 0) st.cut_p = -1, st.draw_hi = c.bucket >= 0 ? 65535 : -1, st.draw_lo = c.bucket, st.done = 0;
-        for (int i = lane; i < 256; i += 32) st.coarse[0][i] = 0;
-        return;
-    }
-    const uint32_t u_bits = uniform_bits(p.seed, step);
-    int32_t cut_p = -1;
-    unsigned long long need = 0, s_lo = total.kept, s_hi = total.kept;
-    Mass above_p;
-    if (p.top_p < 1.0f) {  // the first bucket where the mass walked reaches top_p · Z
-        need = min(total.all, max(1ull, static_cast<unsigned long long>(ceil(static_cast<double>(p.top_p) * static_cast<double>(total.all)))));
-        const Cut c = find_cut(coarse, st, use, fine_a, [&](const Mass& m) { return m.all >= need; });
-        cut_p = c.bucket;
-        above_p = c.above;
-        s_lo = c.above.kept;
-        s_hi = s_lo + (cut_p >= 0 ? c.at.kept : 0);
-    }
-    const unsigned long long target_hi = draw_target(u_bits, s_lo), target_lo = draw_target(u_bits, s_hi);
-    Cut hi, lo;
-    const auto pass_hi = [&](const Mass& m) { return m.kept > target_hi; };
-    if (target_lo == target_hi) lo = hi = find_cut(coarse, st, use, fine_a, pass_hi);  // (without top-p: S known)
-    else find_cuts(coarse, st, use, fine_a, fine_b, pass_hi, [&](const Mass& m) { return m.kept > target_lo; }, hi, lo);
-    const bool found = (p.top_p >= 1.0f || cut_p >= 0) && hi.bucket >= 0 && lo.bucket >= 0;  // (always, but for a bug)
-    if (lane == 0) {
-        st.cut_p = cut_p;
-        st.need = need;
-        st.all_above_p = above_p.all;
-        st.kept_above_p = above_p.kept;
-        st.draw_hi = found ? hi.bucket : -1;  // (-1: SampleWalk collects nothing, and bisects)
-        st.draw_lo = found ? lo.bucket : -1;
-        st.kept_above_d = hi.above.kept;
-        st.kept_total = total.kept;
-        st.done = 0;
-    }
-    for (int i = lane; i < 2 * 256; i += 32) st.coarse[i / 256][i % 256] = 0;
+    mass_cuts(st, use, p, step, coarse);  // (out of line: the tokens' loop keeps its registers)
 }
 
 struct SampleWalk {
@@ -961,8 +994,8 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     if (hi >= 0 && count <= (use.top_k ? kWarpTopK : 32)) {  // few: the first warp alone sorts and walks them
         __shared__ int32_t drawn;
         if (threadIdx.x < 32) {
-            for (int i = threadIdx.x; i < count; i += 32) sorted[i] = __ldcg(cand + i);
-            sort_descending<32>(sorted, count);
+            if (count <= 32) sort_few<1>(cand, count, sorted);
+            else sort_few<kWarpTopK / 32>(cand, count, sorted);
             trace_mark(1);  // (the last block: the candidates sorted; then the walk)
             const int32_t t = use.top_k ? walk_top_k<32>(a.logits, sorted, p, u_bits * 0x1.0p-24, mx, ids)
                                         : walk_cuts<32>(a.logits, n, sorted, count, st, p, u_bits, mx);
