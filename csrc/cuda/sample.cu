@@ -662,94 +662,48 @@ struct MassUse {
           counts(top_k && p.top_k <= kMaxTopK),
           all(counts || (!top_k && (p.top_p < 1.0f || p.min_p <= 0.0f))),
           kept(!top_k && p.min_p > 0.0f) {}
+    __device__ int kept_index() const { return kept ? 1 : 0; }
 };
 
 // Where the walk over the buckets from the top (the contract's order) first passes `pass`, a test
 // on the mass walked so far: over the 256 coarse buckets, then the 256 fine ones inside the
-// coarse one found. Warp-wide, SampleMass's last block's first warp: each level is staged into
-// shared memory first (both histograms, read from L2 once), then each lane walks 8 of its buckets.
+// coarse one found. Warp-wide (each lane 8 of a level's buckets); bucket -1 where it never passes.
 struct Cut {
-    int32_t bucket;  // -1 where the walk never passes
-    Mass above;      // the buckets' before it
-    Mass at;         // its own
+    int32_t bucket;
+    Mass above;  // the buckets' before it
 };
-using Level = unsigned long long[2][256];  // a level's buckets: every token's masses (0) and the kept ones' (1)
-
-// The coarse histograms (c < 0), or the fine ones inside coarse bucket c, into `to`; and where
-// `to_b` is given, coarse bucket c_b's fine ones into it, their reads in flight with the first's.
-__device__ void stage_level(const WideState& st, const MassUse& use, int32_t c, Level& to, int32_t c_b = 0, Level* to_b = nullptr) {
+template <typename Pass>
+__device__ Cut find_cut(const WideState& st, const MassUse& use, Pass pass) {
     const int lane = static_cast<int>(threadIdx.x % 32);
-    const auto level = [&](int h, int32_t at) { return at < 0 ? st.coarse[h] : st.fine[h] + at * 256; };
-    __syncwarp();  // (the levels they held read)
-#pragma unroll 4
-    for (int b = lane; b < 256; b += 32) {  // (histogram 0 serves as the kept masses' where min-p is off)
-        const unsigned long long x = __ldcg(level(0, c) + b), y = use.kept ? __ldcg(level(1, c) + b) : x;
-        if (to_b) {
-            const unsigned long long xb = __ldcg(level(0, c_b) + b), yb = use.kept ? __ldcg(level(1, c_b) + b) : xb;
-            (*to_b)[0][b] = xb, (*to_b)[1][b] = yb;
+    Mass base;
+    int32_t bucket = 0;
+    for (int level = 0; level < 2; ++level) {
+        const unsigned long long* all = level == 0 ? st.coarse[0] : st.fine[0] + bucket * 256;
+        const unsigned long long* kept = level == 0 ? st.coarse[use.kept_index()] : st.fine[use.kept_index()] + bucket * 256;
+        Mass m[8], sum;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int b = 255 - 8 * lane - j;
+            m[j] = Mass{__ldcg(all + b), __ldcg(kept + b)};
+            sum = sum + m[j];
         }
-        to[0][b] = x, to[1][b] = y;
+        Mass upto = sum;  // over this lane's buckets and every earlier lane's
+        for (int o = 1; o < 32; o *= 2) {
+            const Mass v{__shfl_sync(kFull, upto.all, lane - o), __shfl_sync(kFull, upto.kept, lane - o)};
+            if (lane >= o) upto = upto + v;
+        }
+        const unsigned ok = __ballot_sync(kFull, pass(base + upto));
+        if (!ok) return Cut{-1, base};
+        const int first = __ffs(static_cast<int>(ok)) - 1;
+        Mass above = base + Mass{upto.all - sum.all, upto.kept - sum.kept};
+        int j = 0;
+        if (lane == first)
+            for (; j < 7 && !pass(above + m[j]); ++j) above = above + m[j];
+        j = __shfl_sync(kFull, j, first);
+        base = Mass{__shfl_sync(kFull, above.all, first), __shfl_sync(kFull, above.kept, first)};
+        bucket = bucket * 256 + 255 - 8 * first - j;
     }
-    __syncwarp();
-}
-
-// The bucket of a staged level (0..255, from its top at 255) where the walk, having walked `above`
-// before the level, first passes; above then gets the level's buckets before it, at its own. -1 where
-// the walk never passes in this level (above, at unchanged).
-template <typename Pass>
-__device__ int32_t cut_in_level(const Level& v, Mass& above, Mass& at, Pass pass) {
-    const int lane = static_cast<int>(threadIdx.x % 32);
-    const auto m = [&](int j) { return Mass{v[0][255 - 8 * lane - j], v[1][255 - 8 * lane - j]}; };  // this lane's buckets
-    Mass sum;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) sum = sum + m(j);
-    Mass upto = sum;  // over this lane's buckets and every earlier lane's
-    for (int o = 1; o < 32; o *= 2) {
-        const Mass x{__shfl_sync(kFull, upto.all, lane - o), __shfl_sync(kFull, upto.kept, lane - o)};
-        if (lane >= o) upto = upto + x;
-    }
-    const unsigned ok = __ballot_sync(kFull, pass(above + upto));
-    if (!ok) return -1;
-    const int first = __ffs(static_cast<int>(ok)) - 1;
-    // the first of this lane's buckets where the walk passes (its last where none before it does),
-    // every bucket's test at once
-    Mass run = above + Mass{upto.all - sum.all, upto.kept - sum.kept}, before = run, own = m(7);
-    int j = 7;
-#pragma unroll
-    for (int i = 0; i < 7; ++i) {
-        const Mass mi = m(i), next = run + mi;
-        if (j == 7 && pass(next)) j = i, before = run, own = mi;
-        run = next;
-    }
-    if (j == 7) before = run;
-    j = __shfl_sync(kFull, j, first);
-    above = Mass{__shfl_sync(kFull, before.all, first), __shfl_sync(kFull, before.kept, first)};
-    at = Mass{__shfl_sync(kFull, own.all, first), __shfl_sync(kFull, own.kept, first)};
-    return 255 - 8 * first - j;
-}
-
-// The cut from the staged coarse level `top` down, its fine level staged into `fine`.
-template <typename Pass>
-__device__ Cut find_cut(const Level& top, const WideState& st, const MassUse& use, Level& fine, Pass pass) {
-    Cut c{-1, Mass{}, Mass{}};
-    const int32_t b0 = cut_in_level(top, c.above, c.at, pass);
-    if (b0 < 0) return c;
-    stage_level(st, use, b0, fine);
-    const int32_t b1 = cut_in_level(fine, c.above, c.at, pass);
-    c.bucket = b1 < 0 ? -1 : b0 * 256 + b1;
-    return c;
-}
-// Two cuts at once: both fine levels read from L2 together.
-template <typename PassA, typename PassB>
-__device__ void find_cuts(const Level& top, const WideState& st, const MassUse& use, Level& fine_a, Level& fine_b, PassA pass_a,
-                          PassB pass_b, Cut& a, Cut& b) {
-    a = b = Cut{-1, Mass{}, Mass{}};
-    const int32_t a0 = cut_in_level(top, a.above, a.at, pass_a), b0 = cut_in_level(top, b.above, b.at, pass_b);
-    stage_level(st, use, max(a0, 0), fine_a, max(b0, 0), &fine_b);  // (bucket 0's where a cut is not found: unused)
-    const int32_t a1 = a0 < 0 ? -1 : cut_in_level(fine_a, a.above, a.at, pass_a);
-    const int32_t b1 = b0 < 0 ? -1 : cut_in_level(fine_b, b.above, b.at, pass_b);
-    a.bucket = a1 < 0 ? -1 : a0 * 256 + a1;
-    b.bucket = b1 < 0 ? -1 : b0 * 256 + b1;
+    return Cut{bucket, base};
 }
 
 // top-k's counts, a token a thread (count <= kThreads): each of the block's tokens at or above
@@ -775,55 +729,6 @@ __device__ void count_top_k(const float* __restrict__ l, int count, int k, unsig
     if (counted && lane == __ffs(static_cast<int>(same)) - 1) atomicAdd(&fine[f], static_cast<unsigned long long>(__popc(same)));
     const unsigned peers = __match_any_sync(kFull, counted ? f >> 8 : -1);
     if (counted && lane == __ffs(static_cast<int>(peers)) - 1) atomicAdd(&coarse[f >> 8], static_cast<unsigned long long>(__popc(peers)));
-}
-
-// SampleMass's last block's first warp: the cuts, from the coarse histograms staged in place of
-// the block's own (`coarse`).
-__device__ __attribute__((noinline)) void mass_cuts(WideState& st, const MassUse& use, const DeviceSampling& p, uint64_t step, Level& coarse) {
-    const int lane = static_cast<int>(threadIdx.x % 32);
-    __shared__ Level fine_a, fine_b;
-    stage_level(st, use, -1, coarse);
-    Mass total;
-    for (int b = lane; b < 256; b += 32) total = total + Mass{coarse[0][b], coarse[1][b]};
-    for (int o = 16; o > 0; o /= 2)
-        total = total + Mass{__shfl_xor_sync(kFull, total.all, o), __shfl_xor_sync(kFull, total.kept, o)};
-    trace_mark(1);  // (the last block: the totals read; then the cuts)
-    if (use.counts) {  // top-k: the first bucket where the count walked reaches k; every token from it up
-        const Cut c = find_cut(coarse, st, use, fine_a, [&](const Mass& m) { return m.all >= static_cast<unsigned long long>(p.top_k); });
-        if (lane == 0) st.cut_p = -1, st.draw_hi = c.bucket >= 0 ? 65535 : -1, st.draw_lo = c.bucket, st.done = 0;
-        for (int i = lane; i < 256; i += 32) st.coarse[0][i] = 0;
-        return;
-    }
-    const uint32_t u_bits = uniform_bits(p.seed, step);
-    int32_t cut_p = -1;
-    unsigned long long need = 0, s_lo = total.kept, s_hi = total.kept;
-    Mass above_p;
-    if (p.top_p < 1.0f) {  // the first bucket where the mass walked reaches top_p · Z
-        need = min(total.all, max(1ull, static_cast<unsigned long long>(ceil(static_cast<double>(p.top_p) * static_cast<double>(total.all)))));
-        const Cut c = find_cut(coarse, st, use, fine_a, [&](const Mass& m) { return m.all >= need; });
-        cut_p = c.bucket;
-        above_p = c.above;
-        s_lo = c.above.kept;
-        s_hi = s_lo + (cut_p >= 0 ? c.at.kept : 0);
-    }
-    const unsigned long long target_hi = draw_target(u_bits, s_lo), target_lo = draw_target(u_bits, s_hi);
-    Cut hi, lo;
-    const auto pass_hi = [&](const Mass& m) { return m.kept > target_hi; };
-    if (target_lo == target_hi) lo = hi = find_cut(coarse, st, use, fine_a, pass_hi);  // (without top-p: S known)
-    else find_cuts(coarse, st, use, fine_a, fine_b, pass_hi, [&](const Mass& m) { return m.kept > target_lo; }, hi, lo);
-    const bool found = (p.top_p >= 1.0f || cut_p >= 0) && hi.bucket >= 0 && lo.bucket >= 0;  // (always, but for a bug)
-    if (lane == 0) {
-        st.cut_p = cut_p;
-        st.need = need;
-        st.all_above_p = above_p.all;
-        st.kept_above_p = above_p.kept;
-        st.draw_hi = found ? hi.bucket : -1;  // (-1: SampleWalk collects nothing, and bisects)
-        st.draw_lo = found ? lo.bucket : -1;
-        st.kept_above_d = hi.above.kept;
-        st.kept_total = total.kept;
-        st.done = 0;
-    }
-    for (int i = lane; i < 2 * 256; i += 32) st.coarse[i / 256][i % 256] = 0;
 }
 
 struct SampleMass {
@@ -887,7 +792,46 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     if (threadIdx.x == 0) last = gridDim.x == 1 || atomicAdd(&st.done, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!last || threadIdx.x >= 32) return;
-    mass_cuts(st, use, p, step, coarse);  // (out of line: the tokens' loop keeps its registers)
+    // the last block's first warp: the cuts
+    Mass total;
+    for (int b = lane; b < 256; b += 32) total = total + Mass{__ldcg(&st.coarse[0][b]), __ldcg(&st.coarse[use.kept_index()][b])};
+    for (int o = 16; o > 0; o /= 2)
+        total = total + Mass{__shfl_xor_sync(kFull, total.all, o), __shfl_xor_sync(kFull, total.kept, o)};
+    trace_mark(1);  // (the last block: the totals read; then the cuts)
+    if (use.counts) {  // top-k: the first bucket where the count walked reaches k; every token from it up
+        const Cut c = find_cut(st, use, [&](const Mass& m) { return m.all >= static_cast<unsigned long long>(p.top_k); });
+        if (lane == 0) st.cut_p = -1, st.draw_hi = c.bucket >= 0 ? 65535 : -1, st.draw_lo = c.bucket, st.done = 0;
+        for (int i = lane; i < 256; i += 32) st.coarse[0][i] = 0;
+        return;
+    }
+    const uint32_t u_bits = uniform_bits(p.seed, step);
+    int32_t cut_p = -1;
+    unsigned long long need = 0, s_lo = total.kept, s_hi = total.kept;
+    Mass above_p;
+    if (p.top_p < 1.0f) {  // the first bucket where the mass walked reaches top_p · Z
+        need = min(total.all, max(1ull, static_cast<unsigned long long>(ceil(static_cast<double>(p.top_p) * static_cast<double>(total.all)))));
+        const Cut c = find_cut(st, use, [&](const Mass& m) { return m.all >= need; });
+        cut_p = c.bucket;
+        above_p = c.above;
+        s_lo = c.above.kept;
+        s_hi = s_lo + (cut_p >= 0 ? __ldcg(&st.fine[use.kept_index()][cut_p]) : 0);
+    }
+    // the draw's cut lies between those for S = s_lo and s_hi: one search where S is known (no top-p)
+    const Cut hi = find_cut(st, use, [&](const Mass& m) { return m.kept > draw_target(u_bits, s_lo); });
+    const Cut lo = s_lo == s_hi ? hi : find_cut(st, use, [&](const Mass& m) { return m.kept > draw_target(u_bits, s_hi); });
+    const bool found = (p.top_p >= 1.0f || cut_p >= 0) && hi.bucket >= 0 && lo.bucket >= 0;  // (always, but for a bug)
+    if (lane == 0) {
+        st.cut_p = cut_p;
+        st.need = need;
+        st.all_above_p = above_p.all;
+        st.kept_above_p = above_p.kept;
+        st.draw_hi = found ? hi.bucket : -1;  // (-1: SampleWalk collects nothing, and bisects)
+        st.draw_lo = found ? lo.bucket : -1;
+        st.kept_above_d = hi.above.kept;
+        st.kept_total = total.kept;
+        st.done = 0;
+    }
+    for (int i = lane; i < 2 * 256; i += 32) st.coarse[i / 256][i % 256] = 0;
 }
 
 struct SampleWalk {
