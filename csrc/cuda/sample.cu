@@ -13,9 +13,10 @@
 //    ones'). Its last block finds the buckets the cuts fall in.
 //  - SampleWalk collects the tokens of those buckets (with top-k: every token from top-k's bucket
 //    up, cut to the k best where a crowded bucket would pad the sort: trim_top_k), and its last
-//    block sorts them (top-k's up to 4096, else 1024) and walks them: top-k's walk is the CPU's,
-//    sum for sum (walk_top_k); without top-k, top-p's and the draw's ends come from block-wide
-//    prefix sums of the fixed-point masses (walk_cuts).
+//    block sorts them (top-k's up to 4096, else 1024; few, up to 64 or 32, by its first warp
+//    alone, in registers: sort_few) and walks them: top-k's walk is the CPU's, sum for sum
+//    (walk_top_k); without top-k, top-p's and the draw's ends come from prefix sums of the
+//    fixed-point masses (walk_cuts).
 //  - Otherwise (top-k over 4096; more candidates than a block sorts, as with many equal logits)
 //    SampleWalk's last block searches alone: top-k (up to 1024) by a radix search of the counts
 //    (sample_top_k), else each cut by bisection over the logit keys and, among tokens tied at the
@@ -111,9 +112,10 @@ __device__ __forceinline__ void emit(const SampleArgs& a, int32_t token) {
     if (a.out_host) __threadfence_system();
 }
 
-// The last block's sort and walks run on a team: the whole block (kTeam = kThreads), or its first
-// warp alone (kTeam = 32) where the candidates are few (SampleWalk): a warp's steps need no barrier
-// of the block's 32 warps. Every thread of the team calls; its ranks are threadIdx.x < kTeam.
+// SampleWalk's last block walks its candidates on a team: the whole block (kTeam = kThreads), or
+// its first warp alone (kTeam = 32) where they are few: a warp's steps need no barrier of the
+// block's 32 warps (SampleWalk took 1.5–2.9 µs less a token on an H100: bench/NOTES.md). Every
+// thread of the team calls; its ranks are threadIdx.x < kTeam.
 template <int kTeam>
 __device__ __forceinline__ void team_sync() {
     static_assert(kTeam == kThreads || kTeam == 32, "a team is the block or its first warp");
@@ -123,9 +125,8 @@ __device__ __forceinline__ void team_sync() {
 
 // One stage of a bitonic sort of `size` keys in shared memory: pair t is i with i + stride, its
 // run of `width` descending where i's bit `width` is clear, else ascending.
-template <int kTeam = kThreads>
 __device__ __forceinline__ void bitonic_stage(unsigned long long* cand, int size, int width, int stride) {
-    for (int t = threadIdx.x; t < size / 2; t += kTeam) {
+    for (int t = threadIdx.x; t < size / 2; t += kThreads) {
         const int i = 2 * t - (t & (stride - 1)), j = i + stride;
         const unsigned long long x = cand[i], y = cand[j];
         if (((i & width) == 0) == (x < y)) cand[i] = y, cand[j] = x;
@@ -133,24 +134,20 @@ __device__ __forceinline__ void bitonic_stage(unsigned long long* cand, int size
 }
 
 // Sorts cand[0, count) (in shared memory with room for the next power of two) into descending
-// order: a bitonic sort by the team (each thread its pairs), the tail padded with zeros.
-template <int kTeam = kThreads>
+// order: a bitonic sort, block-wide (each thread its pairs), the tail padded with zeros.
 __device__ void sort_descending(unsigned long long* cand, int count) {
     int size = 1;
     while (size < count) size *= 2;
-    team_sync<kTeam>();  // (cand written)
-    for (int i = count + threadIdx.x; i < size; i += kTeam) cand[i] = 0;
+    __syncthreads();  // (cand written)
+    for (int i = count + threadIdx.x; i < size; i += kThreads) cand[i] = 0;
     for (int width = 2; width <= size; width *= 2)
         for (int stride = width / 2; stride > 0; stride /= 2) {
-            team_sync<kTeam>();
-            bitonic_stage<kTeam>(cand, size, width, stride);
+            __syncthreads();
+            bitonic_stage(cand, size, width, stride);
         }
-    team_sync<kTeam>();
+    __syncthreads();
 }
 
-// The same for count > kThreads (up to kThreads · E), in fewer barriers: E keys a thread in
-// registers (a warp's 32 E in a row), strides under 32 E between lanes by shuffles, the longer
-// ones in shared memory (at 4096 keys, 15 barrier stages where sort_descending has 78).
 // The bitonic stages of run width `width` with strides from `top` down, on a warp's 32 E keys in
 // registers (E a lane, at positions base + r): strides under E within a lane, the others by
 // shuffles. Keys p and p ^ stride: the lower one keeps the larger where p's run of `width` descends.
@@ -175,8 +172,8 @@ __device__ __forceinline__ void warp_merge(unsigned long long (&v)[E], int base,
             }
 }
 
-// A warp alone (the first): cand[0, count) (count <= 32 E, global) sorted descending in registers
-// into sorted[0, count) (shared).
+// A warp alone (SampleWalk's first, with few candidates): cand[0, count) (count <= 32 E, global)
+// sorted descending in its registers into sorted[0, count) (shared), no barrier of the block.
 template <int E>
 __device__ void sort_few(const unsigned long long* cand, int count, unsigned long long* sorted) {
     const int base = static_cast<int>(threadIdx.x % 32) * E;
@@ -190,6 +187,9 @@ __device__ void sort_few(const unsigned long long* cand, int count, unsigned lon
     __syncwarp();
 }
 
+// sort_descending for count > kThreads (up to kThreads · E), in fewer barriers: E keys a thread in
+// registers (a warp's 32 E in a row), strides under 32 E between lanes by shuffles, the longer
+// ones in shared memory (at 4096 keys, 15 barrier stages where sort_descending has 78).
 template <int E>
 __device__ void sort_descending_wide(unsigned long long* cand, int count) {
     const int lane = static_cast<int>(threadIdx.x % 32), base = static_cast<int>(threadIdx.x / 32) * 32 * E + lane * E;
@@ -429,8 +429,8 @@ __device__ int block_first_of(int count, F test, int* first) {
 // <= kMaxTopK; shared memory), sum for sum: softmax weights (each in place of its token's order
 // key, whose id goes to ids, k ints of global scratch), then their running sums in the CPU's
 // order by one thread, which are its top-p prefix, its min-p sum and its draw alike: each cut is
-// the first index past a sum, searched by the whole block (every thread's answer). (Four serial
-// walks by one thread, the CPU's loops, cost top-k 2000 +0.18 ms a token on an H100.) On a team.
+// the first index past a sum, searched by the team (every thread's answer). (Four serial walks by
+// one thread, the CPU's loops, cost top-k 2000 +0.18 ms a token on an H100.)
 template <int kTeam = kThreads>
 __device__ int32_t walk_top_k(const float* __restrict__ l, unsigned long long* cand, const DeviceSampling& p, double u, float mx,
                               int32_t* ids) {
