@@ -80,3 +80,30 @@ def test_blocks_of_chosen_launches_from_a_saved_trace(tmp_path):
     bad = subprocess.run([sys.executable, str(BENCH / "trace_summary.py"), str(tmp_path / "last2.csv.gz"), "--steps", "1", "--blocks", "9"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "launches 0 to 4, not 9" in bad.stderr
+
+
+def test_a_drawn_step_ends_after_its_last_sampler_kernel(tmp_path):
+    """A step with a draw ends in three sampler kernels (Sample, SampleMass, SampleWalk): one step,
+    not three; --blocks Sample picks all three, and the block that alone reached mark 1 (the last
+    block of SampleMass, SampleWalk) is shown with its own times."""
+    def drawn_step(base):
+        rows = step_rows(base)
+        rows += [f"{name('SampleMass')},{b},{b},2,{base + 8000},{base + 8100},{base + 8500 + 500 * b},{base + 8300 + 100 * b},"
+                 f"{base + 8700 if b else 0}" for b in range(2)]
+        rows += [f"{name('SampleWalk')},{b},{b},2,{base + 8200},{base + 9100},{base + 9400 + 500 * b},{base + 9200},"
+                 f"{base + 9600 if b else 0}" for b in range(2)]
+        return rows
+    lines = ["kernel,sm,block,blocks,start,waited,end,mark0,mark1"] + [r for k in range(4) for r in drawn_step(k * 20_000)]
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join(lines) + "\n")
+    run = lambda *a: subprocess.run([sys.executable, str(BENCH / "trace_summary.py"), str(path), *a], capture_output=True, text=True,
+                                    check=True).stdout.splitlines()
+    out = run("--all", "--steps", "2")
+    assert out[0].startswith("2 steps, 20.0 µs a step")  # (one SampleWalk's end to the next's; split at each sampler kernel: 3 "steps")
+    assert [l.split()[1] for l in out[2:]][-3:] == ["Sample", "SampleMass", "SampleWalk"]
+    out = run("--blocks", "Sample")
+    assert [l.split()[1].rstrip(":") for l in out if l[:4].strip().isdigit()] == ["Sample", "SampleMass", "SampleWalk"]
+    last = [l.strip() for l in out if "the block at mark 1" in l]
+    # (after the previous launch's end: SampleMass's after Sample's, at 8.0 µs; SampleWalk's after SampleMass's, at 9.0)
+    assert last == ["the block at mark 1: start 0.00, wait returned 0.10, mark 0 0.40, mark 1 0.70, end 1.00",
+                    "the block at mark 1: start -0.80, wait returned 0.10, mark 0 0.20, mark 1 0.60, end 0.90"]
