@@ -112,6 +112,10 @@ __device__ __forceinline__ void emit(const SampleArgs& a, int32_t token) {
     if (a.out_host) __threadfence_system();
 }
 
+constexpr int kMaxCandidates = 1024;  // the tokens a block walks one a thread (walk_cuts, sample_top_k)
+constexpr int kMaxTopK = 4096;        // top-k's candidates a block sorts and walks (SampleWalk)
+constexpr int kWarpTopK = 64;         // top-k's candidates SampleWalk's first warp sorts and walks alone (without top-k: 32)
+
 // SampleWalk's last block walks its candidates on a team: the whole block (kTeam = kThreads), or
 // its first warp alone (kTeam = 32) where they are few: a warp's steps need no barrier of the
 // block's 32 warps (SampleWalk took 1.5–2.9 µs less a token on an H100: bench/NOTES.md). Every
@@ -407,9 +411,6 @@ __device__ int32_t draw_by_bisection(const float* __restrict__ l, int32_t n, con
     return order_id(cut_by_bisection(l, n, floor, kept, [&](unsigned long long c) { return c > target; }));
 }
 
-constexpr int kMaxCandidates = 1024;  // the tokens a block walks one a thread (walk_cuts, sample_top_k)
-constexpr int kMaxTopK = 4096;        // top-k's candidates a block sorts and walks (SampleWalk)
-constexpr int kWarpTopK = 64;         // top-k's candidates SampleWalk's first warp sorts and walks alone (without top-k: 32)
 static_assert(kMaxTopK <= 4 * kThreads, "SampleWalk sorts up to 4 keys a thread");
 __device__ __forceinline__ int pow2_at_least(int x) { return x <= 1 ? 1 : 1 << (32 - __clz(x - 1)); }
 
@@ -426,20 +427,32 @@ __device__ int block_first_of(int count, F test, int* first) {
 }
 
 // The CPU sampler's walk over the k best tokens, cand[0, k) in the contract's order (k = p.top_k
-// <= kMaxTopK; shared memory), sum for sum: softmax weights (each in place of its token's order
-// key, whose id goes to ids, k ints of global scratch), then their running sums in the CPU's
-// order by one thread, which are its top-p prefix, its min-p sum and its draw alike: each cut is
-// the first index past a sum, searched by the team (every thread's answer). (Four serial walks by
-// one thread, the CPU's loops, cost top-k 2000 +0.18 ms a token on an H100.)
+// <= kMaxTopK, or kWarpTopK on a warp; shared memory), sum for sum: softmax weights (each in place
+// of its token's order key, whose id goes to ids: k ints, global scratch for the block, shared for
+// a warp), then their running sums in the CPU's order by one thread, which are its top-p prefix,
+// its min-p sum and its draw alike: each cut is the first index past a sum, searched by the team
+// (every thread's answer). (Four serial walks by one thread, the CPU's loops, cost top-k 2000
+// +0.18 ms a token on an H100.)
 template <int kTeam = kThreads>
 __device__ int32_t walk_top_k(const float* __restrict__ l, unsigned long long* cand, const DeviceSampling& p, double u, float mx,
                               int32_t* ids) {
+    constexpr int kEach = (kTeam == 32 ? kWarpTopK : kMaxTopK) / kTeam;  // a thread's tokens, at most
     __shared__ int first_at;
     const int k = p.top_k;
-    for (int i = threadIdx.x; i < k; i += kTeam) {
-        const int32_t id = order_id(cand[i]);
-        ids[i] = id;
-        cand[i] = static_cast<unsigned long long>(__double_as_longlong(weight(l[id], mx, p.temperature)));
+    float v[kEach] = {};  // a thread's logits read at once, then their weights computed side by side
+#pragma unroll
+    for (int r = 0; r < kEach; ++r) {
+        const int i = static_cast<int>(threadIdx.x) + r * kTeam;
+        if (i < k) {
+            const int32_t id = order_id(cand[i]);
+            ids[i] = id;
+            v[r] = l[id];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < kEach; ++r) {
+        const int i = static_cast<int>(threadIdx.x) + r * kTeam;
+        if (i < k) cand[i] = static_cast<unsigned long long>(__double_as_longlong(weight(v[r], mx, p.temperature)));
     }
     team_sync<kTeam>();
     const auto at = [&](int i) { return __longlong_as_double(static_cast<long long>(cand[i])); };
@@ -936,12 +949,12 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     const int most = use.top_k ? kMaxTopK : kMaxCandidates;  // (the candidates a sort here takes)
     const bool trim = use.top_k && hi >= 0 && count > kThreads && pow2_at_least(count) > pow2_at_least(p.top_k);
     if (hi >= 0 && count <= (use.top_k ? kWarpTopK : 32)) {  // few: the first warp alone sorts and walks them
-        __shared__ int32_t drawn;
+        __shared__ int32_t drawn, few_ids[kWarpTopK];
         if (threadIdx.x < 32) {
             if (count <= 32) sort_few<1>(cand, count, sorted);
             else sort_few<kWarpTopK / 32>(cand, count, sorted);
             trace_mark(1);  // (the last block: the candidates sorted; then the walk)
-            const int32_t t = use.top_k ? walk_top_k<32>(a.logits, sorted, p, u_bits * 0x1.0p-24, mx, ids)
+            const int32_t t = use.top_k ? walk_top_k<32>(a.logits, sorted, p, u_bits * 0x1.0p-24, mx, few_ids)
                                         : walk_cuts<32>(a.logits, n, sorted, count, st, p, u_bits, mx);
             if (threadIdx.x == 0) drawn = t;
         }
