@@ -118,7 +118,7 @@ constexpr int kWarpTopK = 64;         // top-k's candidates SampleWalk's first w
 
 // SampleWalk's last block walks its candidates on a team: the whole block (kTeam = kThreads), or
 // its first warp alone (kTeam = 32) where they are few: a warp's steps need no barrier of the
-// block's 32 warps (SampleWalk took 1.5–2.9 µs less a token on an H100: bench/NOTES.md). Every
+// block's 32 warps (SampleWalk took 1.2–3.0 µs less a token on an H100: bench/NOTES.md). Every
 // thread of the team calls; its ranks are threadIdx.x < kTeam.
 template <int kTeam>
 __device__ __forceinline__ void team_sync() {
