@@ -23,6 +23,15 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--sampling", help="name=value,... (_core.Sampler's parameters); default greedy")
     args = p.parse_args()
+    params = {}  # (checked before the model loads)
+    for kv in args.sampling.split(",") if args.sampling else []:
+        k, sep, v = kv.partition("=")
+        try:
+            params[k] = int(v) if k in ("top_k", "seed", "penalty_last_n") else float(v)
+        except ValueError:
+            sep = ""
+        if not sep:
+            p.error(f"--sampling: {kv!r} is not name=number (e.g. temperature=0.8,top_k=40)")
     if os.path.exists(args.out):
         os.remove(args.out)  # (the step runners add to it)
     os.environ["EDGERUNNER_CUDA_TRACE"] = args.out  # (read once, at the first launch built)
@@ -36,10 +45,6 @@ def main() -> None:
     session.eval(np.random.default_rng(0).integers(0, n_vocab, size=16).astype(np.int32))  # warm-up
     session.rewind(0)
     session.eval(np.array([1], dtype=np.int32))
-    params = {}
-    for kv in args.sampling.split(",") if args.sampling else []:
-        k, _, v = kv.partition("=")
-        params[k] = int(v) if k in ("top_k", "seed", "penalty_last_n") else float(v)
     session.generate(_core.Sampler(n_vocab, **params), args.tokens + 1, [])
     del session, model
     gc.collect()  # (the step runners add their records to the file as they go)

@@ -131,6 +131,9 @@ def main() -> None:
         chosen = []
         for x in args.blocks.split(","):  # a launch's number, or a kernel name's start: its launches
             chosen += [int(x)] if x.isdigit() else [i for i, l in enumerate(step) if l["name"].startswith(x)]
+        if not chosen:
+            raise SystemExit(f"--blocks {args.blocks}: no launch of the last step is named so; its kernels: "
+                             f"{sorted({l['name'].split('<')[0] for l in step})}")
         for i in chosen:
             if not 0 <= i < len(step):
                 raise SystemExit(f"--blocks: the last step has launches 0 to {len(step) - 1}, not {i}")
