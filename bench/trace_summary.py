@@ -84,11 +84,12 @@ def show_blocks(i: int, launch: dict, prev_end: int) -> None:
     line("end", [(x["end"] - prev_end) * us for x in b])
     line("mark 0, after the wait", [(x["mark0"] - x["waited"]) * us for x in b if x["mark0"] and x["waited"]])
     line("mark 1, after mark 0", [(x["mark1"] - x["mark0"]) * us for x in b if x["mark1"] and x["mark0"]])
-    for x in b:  # a block that alone reaches mark 1 (the sampler's last block): its own times
-        if x["mark1"] and sum(1 for y in b if y["mark1"]) == 1:
-            t = lambda v: f"{(v - prev_end) * us:.2f}" if v else "-"
-            print(f"  the block at mark 1: start {t(x['start'])}, wait returned {t(x['waited'])}, mark 0 {t(x['mark0'])}, "
-                  f"mark 1 {t(x['mark1'])}, end {t(x['end'])}")
+    at_mark1 = [x for x in b if x["mark1"]]
+    if len(at_mark1) == 1:  # a block that alone reaches mark 1 (the sampler's last block): its own times
+        x = at_mark1[0]
+        t = lambda v: f"{(v - prev_end) * us:.2f}" if v else "-"
+        print(f"  the block at mark 1: start {t(x['start'])}, wait returned {t(x['waited'])}, mark 0 {t(x['mark0'])}, "
+              f"mark 1 {t(x['mark1'])}, end {t(x['end'])}")
 
 
 def main() -> None:
