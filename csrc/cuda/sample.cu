@@ -225,6 +225,8 @@ __device__ __forceinline__ unsigned long long order_key(uint32_t k, int32_t id) 
     return static_cast<unsigned long long>(k) << 32 | ~static_cast<uint32_t>(id);
 }
 __device__ __forceinline__ int32_t order_id(unsigned long long o) { return static_cast<int32_t>(~static_cast<uint32_t>(o)); }
+// Its logit, the same bits (the walks read it here, not from the logits again: one round trip less).
+__device__ __forceinline__ float order_logit(unsigned long long o) { return from_key(static_cast<uint32_t>(o >> 32)); }
 
 // The contract's uniform: 24 random bits U, u = U · 2^-24.
 __device__ __forceinline__ uint32_t uniform_bits(uint64_t seed, uint64_t step) {
@@ -275,11 +277,6 @@ __device__ __forceinline__ int32_t bucket_at(double d) {
 // for integers is c > floor(U · S / 2^24) (exact: no overflow below S = 2^63).
 __device__ __forceinline__ unsigned long long draw_target(uint32_t u_bits, unsigned long long s) {
     return u_bits * (s >> 24) + ((u_bits * (s & 0xFFFFFFull)) >> 24);
-}
-// The sum of q (< 2^46) over the lanes in peers: two 32-bit sums, of its 23-bit halves.
-__device__ __forceinline__ unsigned long long peer_sum(unsigned peers, unsigned long long q) {
-    return (static_cast<unsigned long long>(__reduce_add_sync(peers, static_cast<unsigned>(q >> 23))) << 23) +
-           __reduce_add_sync(peers, static_cast<unsigned>(q & 0x7FFFFFu));
 }
 // Team-wide (one value a thread): the inclusive prefix sum, and the lowest thread for which a
 // test holds (kTeam where none does).
@@ -434,8 +431,7 @@ __device__ int block_first_of(int count, F test, int* first) {
 // (every thread's answer). (Four serial walks by one thread, the CPU's loops, cost top-k 2000
 // +0.18 ms a token on an H100.)
 template <int kTeam = kThreads>
-__device__ int32_t walk_top_k(const float* __restrict__ l, unsigned long long* cand, const DeviceSampling& p, double u, float mx,
-                              int32_t* ids) {
+__device__ int32_t walk_top_k(unsigned long long* cand, const DeviceSampling& p, double u, float mx, int32_t* ids) {
     __shared__ int first_at;
     const int k = p.top_k;
     if constexpr (kTeam == 32) {  // a lane's logits read at once, then their weights side by side
@@ -445,9 +441,9 @@ __device__ int32_t walk_top_k(const float* __restrict__ l, unsigned long long* c
         for (int r = 0; r < kEach; ++r) {
             const int i = static_cast<int>(threadIdx.x) + 32 * r;
             if (i < k) {
-                const int32_t id = order_id(cand[i]);
-                ids[i] = id;
-                v[r] = l[id];
+                const unsigned long long o = cand[i];
+                ids[i] = order_id(o);
+                v[r] = order_logit(o);
             }
         }
 #pragma unroll
@@ -457,9 +453,9 @@ __device__ int32_t walk_top_k(const float* __restrict__ l, unsigned long long* c
         }
     } else {  // (unrolled the same way, the block's walk of top-k 2000 took 0.5 µs more)
         for (int i = threadIdx.x; i < k; i += kThreads) {
-            const int32_t id = order_id(cand[i]);
-            ids[i] = id;
-            cand[i] = static_cast<unsigned long long>(__double_as_longlong(weight(l[id], mx, p.temperature)));
+            const unsigned long long o = cand[i];
+            ids[i] = order_id(o);
+            cand[i] = static_cast<unsigned long long>(__double_as_longlong(weight(order_logit(o), mx, p.temperature)));
         }
     }
     team_sync<kTeam>();
@@ -556,7 +552,7 @@ __device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const De
         if (valid && key(v) >= theta) cand[atomicAdd(&n_cand, 1)] = order_key(key(v), i);
     });
     sort_descending(cand, count);
-    return walk_top_k(l, cand, p, u, mx, ids);
+    return walk_top_k(cand, p, u, mx, ids);
 }
 
 // top-k's candidates (src(i), i < count: order keys of every token from the cut's bucket up)
@@ -671,7 +667,27 @@ __device__ void Sample::run(const SampleArgs& a) {
 // 4096 a block, 32 SMs did it and a draw cost ~25 us more a token (H100, 8B with min-p).
 constexpr int kSpan = kThreads;
 static_assert(kSpan == kThreads, "count_top_k takes a token a thread");
-constexpr int kFewBuckets = 4;  // SampleMass: up to this many coarse buckets in a warp, summed bucket by bucket
+
+// A block's coarse histogram in shared memory: each mass (< 2^47) in three parts, bits 0-21, 22-43
+// and 44-46, each part's buckets 32-bit counters, so every add is the SM's own 32-bit atomic (a
+// 64-bit add to shared memory is a compare-and-swap loop, retried while lanes of the block contend
+// for a bucket: with every token's mass, tens of them a bucket). A part's sum over kSpan tokens
+// stays below 2^32.
+static_assert(kSpan <= 1024, "a block's 22-bit parts sum below 2^32");
+struct CoarseParts {
+    unsigned part[3][256];
+    __device__ void zero() {
+        for (int i = threadIdx.x; i < 3 * 256; i += kThreads) part[i / 256][i % 256] = 0;
+    }
+    __device__ void add(unsigned bucket, unsigned long long q) {
+        atomicAdd(&part[0][bucket], static_cast<unsigned>(q & 0x3FFFFFu));
+        atomicAdd(&part[1][bucket], static_cast<unsigned>(q >> 22 & 0x3FFFFFu));
+        if (q >> 44) atomicAdd(&part[2][bucket], static_cast<unsigned>(q >> 44));
+    }
+    __device__ unsigned long long at(int bucket) const {
+        return part[0][bucket] + (static_cast<unsigned long long>(part[1][bucket]) << 22) + (static_cast<unsigned long long>(part[2][bucket]) << 44);
+    }
+};
 
 // What the histograms hold for a step: with top-k, token counts (histogram 0); else masses, every
 // token's (0: top-p's) and the kept tokens' (1: the draw's; histogram 0 serves where min-p is off,
@@ -683,48 +699,69 @@ struct MassUse {
           counts(top_k && p.top_k <= kMaxTopK),
           all(counts || (!top_k && (p.top_p < 1.0f || p.min_p <= 0.0f))),
           kept(!top_k && p.min_p > 0.0f) {}
-    __device__ int kept_index() const { return kept ? 1 : 0; }
 };
 
-// Where the walk over the buckets from the top (the contract's order) first passes `pass`, a test
-// on the mass walked so far: over the 256 coarse buckets, then the 256 fine ones inside the
-// coarse one found. Warp-wide (each lane 8 of a level's buckets); bucket -1 where it never passes.
-struct Cut {
-    int32_t bucket;
-    Mass above;  // the buckets' before it
-};
-template <typename Pass>
-__device__ Cut find_cut(const WideState& st, const MassUse& use, Pass pass) {
-    const int lane = static_cast<int>(threadIdx.x % 32);
-    Mass base;
-    int32_t bucket = 0;
-    for (int level = 0; level < 2; ++level) {
-        const unsigned long long* all = level == 0 ? st.coarse[0] : st.fine[0] + bucket * 256;
-        const unsigned long long* kept = level == 0 ? st.coarse[use.kept_index()] : st.fine[use.kept_index()] + bucket * 256;
-        Mass m[8], sum;
+// 256 buckets of a histogram level (the coarse one, or the fine ones inside a coarse bucket) as a
+// warp holds them: each lane 8, from the top (the contract's order), lane L's j-th bucket 255 - 8 L - j.
+struct Level {
+    Mass m[8], sum;  // this lane's, and their sum
+    __device__ Level(const WideState& st, const MassUse& use, int32_t coarse_bucket) {  // -1: the coarse level
+        const int lane = static_cast<int>(threadIdx.x % 32);
+        const unsigned long long* all = coarse_bucket < 0 ? st.coarse[0] : st.fine[0] + coarse_bucket * 256;
+        const unsigned long long* kept = coarse_bucket < 0 ? st.coarse[1] : st.fine[1] + coarse_bucket * 256;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int b = 255 - 8 * lane - j;
-            m[j] = Mass{__ldcg(all + b), __ldcg(kept + b)};
+            m[j].all = __ldcg(all + b);
+            m[j].kept = use.kept ? __ldcg(kept + b) : m[j].all;  // (without min-p the draw's mass is every token's)
             sum = sum + m[j];
         }
-        Mass upto = sum;  // over this lane's buckets and every earlier lane's
-        for (int o = 1; o < 32; o *= 2) {
-            const Mass v{__shfl_sync(kFull, upto.all, lane - o), __shfl_sync(kFull, upto.kept, lane - o)};
-            if (lane >= o) upto = upto + v;
-        }
-        const unsigned ok = __ballot_sync(kFull, pass(base + upto));
-        if (!ok) return Cut{-1, base};
-        const int first = __ffs(static_cast<int>(ok)) - 1;
-        Mass above = base + Mass{upto.all - sum.all, upto.kept - sum.kept};
-        int j = 0;
-        if (lane == first)
-            for (; j < 7 && !pass(above + m[j]); ++j) above = above + m[j];
-        j = __shfl_sync(kFull, j, first);
-        base = Mass{__shfl_sync(kFull, above.all, first), __shfl_sync(kFull, above.kept, first)};
-        bucket = bucket * 256 + 255 - 8 * first - j;
     }
-    return Cut{bucket, base};
+};
+
+// Where the walk over the buckets from the top first passes `pass`, a test on the mass walked so
+// far: over the 256 coarse buckets (given: SampleMass's last block reads them once for its every
+// search), then the 256 fine ones inside the coarse one found. Warp-wide; bucket -1 where it never
+// passes.
+struct Cut {
+    int32_t bucket;
+    Mass above;  // the buckets' before it
+    Mass own;    // its own
+};
+// One level's part of it: the index (from the top, 8 L + j) of the first of lv's buckets where
+// pass(base + the mass walked) holds, -1 where none does; base then has the mass before it, own its.
+template <typename Pass>
+__device__ int level_cut(const Level& lv, Mass& base, Mass& own, Pass pass) {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    Mass upto = lv.sum;  // over this lane's buckets and every earlier lane's
+    for (int o = 1; o < 32; o *= 2) {
+        const Mass v{__shfl_sync(kFull, upto.all, lane - o), __shfl_sync(kFull, upto.kept, lane - o)};
+        if (lane >= o) upto = upto + v;
+    }
+    const unsigned ok = __ballot_sync(kFull, pass(base + upto));
+    if (!ok) return -1;
+    const int first = __ffs(static_cast<int>(ok)) - 1;
+    Mass above = base + Mass{upto.all - lv.sum.all, upto.kept - lv.sum.kept};
+    int j = 8;  // (lane first: its first bucket that passes; the last one does)
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+        if (j == 8) {
+            if (r == 7 || pass(above + lv.m[r])) j = r, own = lv.m[r];
+            else above = above + lv.m[r];
+        }
+    j = __shfl_sync(kFull, j, first);
+    base = Mass{__shfl_sync(kFull, above.all, first), __shfl_sync(kFull, above.kept, first)};
+    own = Mass{__shfl_sync(kFull, own.all, first), __shfl_sync(kFull, own.kept, first)};
+    return 8 * first + j;
+}
+template <typename Pass>
+__device__ Cut find_cut(const WideState& st, const MassUse& use, const Level& coarse, Pass pass) {
+    Mass base, own;
+    const int c = level_cut(coarse, base, own, pass);
+    if (c < 0) return Cut{-1, base, own};
+    const int32_t coarse_bucket = 255 - c;
+    const int f = level_cut(Level(st, use, coarse_bucket), base, own, pass);
+    return Cut{f < 0 ? -1 : coarse_bucket * 256 + 255 - f, base, own};
 }
 
 // top-k's counts, a token a thread (count <= kThreads): each of the block's tokens at or above
@@ -736,7 +773,7 @@ __device__ Cut find_cut(const WideState& st, const MassUse& use, Pass pass) {
 // weight 1B's, up to 1805 tokens in one), and their adds were one atomic queue a bucket. (A floor
 // set too high would only move the cut lower: more candidates, the same draw. So the draw tests
 // guard the tokens, not the floors' tightness; bench/sampling_speed.py shows that.)
-__device__ void count_top_k(const float* __restrict__ l, int count, int k, unsigned long long* fine, unsigned long long* coarse) {
+__device__ void count_top_k(const float* __restrict__ l, int count, int k, unsigned long long* fine, CoarseParts& coarse) {
     const int t = static_cast<int>(threadIdx.x), lane = t % 32;
     const int32_t f = t < count ? bucket_of_key(key(l[t])) : -1;
     int32_t floor = 0;  // the largest bucket with k of the block's tokens at or above it
@@ -749,7 +786,7 @@ __device__ void count_top_k(const float* __restrict__ l, int count, int k, unsig
     const unsigned same = __match_any_sync(kFull, counted ? f : -1);  // a warp's tokens of one bucket added at once
     if (counted && lane == __ffs(static_cast<int>(same)) - 1) atomicAdd(&fine[f], static_cast<unsigned long long>(__popc(same)));
     const unsigned peers = __match_any_sync(kFull, counted ? f >> 8 : -1);
-    if (counted && lane == __ffs(static_cast<int>(peers)) - 1) atomicAdd(&coarse[f >> 8], static_cast<unsigned long long>(__popc(peers)));
+    if (counted && lane == __ffs(static_cast<int>(peers)) - 1) atomicAdd(&coarse.part[0][f >> 8], static_cast<unsigned>(__popc(peers)));  // (< 2^22)
 }
 
 struct SampleMass {
@@ -777,82 +814,73 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     const MassUse use(p, n);
     if (use.top_k && !use.counts) return;
     const int lane = static_cast<int>(threadIdx.x % 32);
-    __shared__ unsigned long long coarse[2][256];
+    __shared__ CoarseParts coarse[2];
     __shared__ bool last;
-    for (int i = threadIdx.x; i < 2 * 256; i += kThreads) coarse[i / 256][i % 256] = 0;
+    coarse[0].zero(), coarse[1].zero();
     __syncthreads();
     if (use.counts) count_top_k(a.logits + from, min(kSpan, n - from), p.top_k, st.fine[0], coarse[0]);
     else for_each_logit<1, false>(a.logits + from, min(kSpan, n - from), [&](float v, int, bool valid) {
-        const double d = valid ? distance(v, mx, t) : 0.0;
-        const int32_t f = valid ? bucket_at(d) : 0;
-        const double w = valid ? weight_at(d) : 0.0;
+        if (!valid) return;
+        const double d = distance(v, mx, t), w = weight_at(d);
+        const int32_t f = bucket_at(d);
         const unsigned long long q = fixed_mass(w, scale), q_kept = w >= min_w ? q : 0;
-        if (q != 0 && use.all) atomicAdd(&st.fine[0][f], q);
-        if (q_kept != 0 && use.kept) atomicAdd(&st.fine[1][f], q_kept);
-        // coarse: where the warp's tokens fall in a few buckets, each bucket's lanes summed first (a
-        // pass per bucket); else each lane adds its own (the shared 64-bit add is a compare-and-swap loop)
-        const unsigned bucket = valid ? static_cast<unsigned>(f) >> 8 : 256u, peers = __match_any_sync(kFull, bucket);
-        const bool leader = lane == __ffs(static_cast<int>(peers)) - 1;
-        if (__popc(__ballot_sync(kFull, leader)) <= kFewBuckets) {
-            const unsigned long long all = peer_sum(peers, q), kept = peer_sum(peers, q_kept);
-            if (bucket < 256 && leader) {
-                if (use.all && all != 0) atomicAdd(&coarse[0][bucket], all);
-                if (use.kept && kept != 0) atomicAdd(&coarse[1][bucket], kept);
-            }
-        } else if (bucket < 256) {
-            if (use.all && q != 0) atomicAdd(&coarse[0][bucket], q);
-            if (use.kept && q_kept != 0) atomicAdd(&coarse[1][bucket], q_kept);
-        }
+        if (q != 0 && use.all) atomicAdd(&st.fine[0][f], q), coarse[0].add(f >> 8, q);
+        if (q_kept != 0 && use.kept) atomicAdd(&st.fine[1][f], q_kept), coarse[1].add(f >> 8, q_kept);
     });
     __syncthreads();
     for (int i = threadIdx.x; i < 2 * 256; i += kThreads)
-        if (coarse[i / 256][i % 256]) atomicAdd(&st.coarse[i / 256][i % 256], coarse[i / 256][i % 256]);
+        if (const unsigned long long c = coarse[i / 256].at(i % 256)) atomicAdd(&st.coarse[i / 256][i % 256], c);
     __threadfence();  // (the block's sums in before the count says so)
     __syncthreads();
     trace_mark(0);  // (the block's tokens added)
     if (threadIdx.x == 0) last = gridDim.x == 1 || atomicAdd(&st.done, 1u) == gridDim.x - 1;
     __syncthreads();
-    if (!last || threadIdx.x >= 32) return;
-    // the last block's first warp: the cuts
-    Mass total;
-    for (int b = lane; b < 256; b += 32) total = total + Mass{__ldcg(&st.coarse[0][b]), __ldcg(&st.coarse[use.kept_index()][b])};
+    // the last block's first two warps: the cuts (SampleWalk zeroes the coarse histograms)
+    if (!last || threadIdx.x >= 64) return;
+    const bool second = threadIdx.x >= 32;
+    const Level coarse_level(st, use, -1);  // (every search's first level)
+    Mass total = coarse_level.sum;
     for (int o = 16; o > 0; o /= 2)
         total = total + Mass{__shfl_xor_sync(kFull, total.all, o), __shfl_xor_sync(kFull, total.kept, o)};
     trace_mark(1);  // (the last block: the totals read; then the cuts)
     if (use.counts) {  // top-k: the first bucket where the count walked reaches k; every token from it up
-        const Cut c = find_cut(st, use, [&](const Mass& m) { return m.all >= static_cast<unsigned long long>(p.top_k); });
+        if (second) return;
+        const Cut c = find_cut(st, use, coarse_level, [&](const Mass& m) { return m.all >= static_cast<unsigned long long>(p.top_k); });
         if (lane == 0) st.cut_p = -1, st.draw_hi = c.bucket >= 0 ? 65535 : -1, st.draw_lo = c.bucket, st.done = 0;
-        for (int i = lane; i < 256; i += 32) st.coarse[0][i] = 0;
         return;
     }
     const uint32_t u_bits = uniform_bits(p.seed, step);
     int32_t cut_p = -1;
     unsigned long long need = 0, s_lo = total.kept, s_hi = total.kept;
     Mass above_p;
-    if (p.top_p < 1.0f) {  // the first bucket where the mass walked reaches top_p · Z
+    if (p.top_p < 1.0f) {  // the first bucket where the mass walked reaches top_p · Z (both warps)
         need = min(total.all, max(1ull, static_cast<unsigned long long>(ceil(static_cast<double>(p.top_p) * static_cast<double>(total.all)))));
-        const Cut c = find_cut(st, use, [&](const Mass& m) { return m.all >= need; });
+        const Cut c = find_cut(st, use, coarse_level, [&](const Mass& m) { return m.all >= need; });
         cut_p = c.bucket;
         above_p = c.above;
         s_lo = c.above.kept;
-        s_hi = s_lo + (cut_p >= 0 ? __ldcg(&st.fine[use.kept_index()][cut_p]) : 0);
+        s_hi = s_lo + c.own.kept;
     }
-    // the draw's cut lies between those for S = s_lo and s_hi: one search where S is known (no top-p)
-    const Cut hi = find_cut(st, use, [&](const Mass& m) { return m.kept > draw_target(u_bits, s_lo); });
-    const Cut lo = s_lo == s_hi ? hi : find_cut(st, use, [&](const Mass& m) { return m.kept > draw_target(u_bits, s_hi); });
-    const bool found = (p.top_p >= 1.0f || cut_p >= 0) && hi.bucket >= 0 && lo.bucket >= 0;  // (always, but for a bug)
-    if (lane == 0) {
-        st.cut_p = cut_p;
-        st.need = need;
-        st.all_above_p = above_p.all;
-        st.kept_above_p = above_p.kept;
-        st.draw_hi = found ? hi.bucket : -1;  // (-1: SampleWalk collects nothing, and bisects)
-        st.draw_lo = found ? lo.bucket : -1;
-        st.kept_above_d = hi.above.kept;
-        st.kept_total = total.kept;
-        st.done = 0;
+    // The draw's cut lies between those for S = s_lo (the first warp's search: the higher bucket)
+    // and S = s_hi (the second's, where S is not known: with top-p).
+    if (second && s_lo == s_hi) return;
+    const unsigned long long s = second ? s_hi : s_lo;
+    const Cut d = find_cut(st, use, coarse_level, [&](const Mass& m) { return m.kept > draw_target(u_bits, s); });
+    const int32_t bucket = (p.top_p >= 1.0f || cut_p >= 0) && d.bucket >= 0 ? d.bucket : -1;  // (found always, but for a bug)
+    if (lane != 0) return;
+    if (second) {
+        st.draw_lo = bucket;
+        return;
     }
-    for (int i = lane; i < 2 * 256; i += 32) st.coarse[i / 256][i % 256] = 0;
+    st.cut_p = cut_p;
+    st.need = need;
+    st.all_above_p = above_p.all;
+    st.kept_above_p = above_p.kept;
+    st.draw_hi = bucket;  // (-1 here or in draw_lo: SampleWalk collects nothing, and bisects)
+    if (s_lo == s_hi) st.draw_lo = bucket;
+    st.kept_above_d = d.above.kept;
+    st.kept_total = total.kept;
+    st.done = 0;
 }
 
 struct SampleWalk {
@@ -865,14 +893,14 @@ struct SampleWalk {
 // thread of the team) walked with team-wide prefix sums; -1 (every thread) where a cut is not
 // among them.
 template <int kTeam = kThreads>
-__device__ int32_t walk_cuts(const float* __restrict__ l, int32_t n, const unsigned long long* sorted, int count, const WideState& st,
-                             const DeviceSampling& p, uint32_t u_bits, float mx) {
+__device__ int32_t walk_cuts(int32_t n, const unsigned long long* sorted, int count, const WideState& st, const DeviceSampling& p,
+                             uint32_t u_bits, float mx) {
     __shared__ unsigned long long sums[kThreads / 32], s_total;
     __shared__ int first_at;
     const int i = static_cast<int>(threadIdx.x);
     const bool valid = i < count;
     const unsigned long long o = valid ? sorted[i] : 0;
-    const double d = valid ? distance(l[order_id(o)], mx, p.temperature) : 0.0;
+    const double d = valid ? distance(order_logit(o), mx, p.temperature) : 0.0;
     const int32_t f = valid ? bucket_at(d) : -1;
     const double w = valid ? weight_at(d) : 0.0;
     const unsigned long long q = fixed_mass(w, mass_scale(n));
@@ -919,7 +947,7 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     const int32_t n = a.n_vocab, from = static_cast<int32_t>(blockIdx.x) * kSpan;
     const MassUse use(p, n);
     const bool bisect = use.top_k && !use.counts;  // (SampleMass left no plan)
-    const int32_t cut_p = st.cut_p, hi = bisect ? -1 : st.draw_hi, lo = st.draw_lo;
+    const int32_t cut_p = st.cut_p, lo = st.draw_lo, hi = bisect || lo < 0 ? -1 : st.draw_hi;
     const float mx = st.mx;
     unsigned long long* cand = reinterpret_cast<unsigned long long*>(a.scratch);
     __shared__ bool last;
@@ -927,6 +955,8 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     if (!bisect) {  // the histograms zeroed for the next step (SampleMass read them): the block's share
         if (use.all) zero_share(st.fine[0]);
         if (use.kept) zero_share(st.fine[1]);
+        if (blockIdx.x == 0)
+            for (int i = threadIdx.x; i < 2 * 256; i += kThreads) st.coarse[i / 256][i % 256] = 0;
     }
     for_each_logit<1, false>(a.logits + from, min(kSpan, n - from), [&](float v, int i, bool valid) {
         if (!valid || bisect) return;
@@ -962,8 +992,8 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
             if (count <= 32) sort_few<1>(cand, count, sorted);
             else sort_few<kWarpTopK / 32>(cand, count, sorted);
             trace_mark(1);  // (the last block: the candidates sorted; then the walk)
-            const int32_t t = use.top_k ? walk_top_k<32>(a.logits, sorted, p, u_bits * 0x1.0p-24, mx, few_ids)
-                                        : walk_cuts<32>(a.logits, n, sorted, count, st, p, u_bits, mx);
+            const int32_t t = use.top_k ? walk_top_k<32>(sorted, p, u_bits * 0x1.0p-24, mx, few_ids)
+                                        : walk_cuts<32>(n, sorted, count, st, p, u_bits, mx);
             if (threadIdx.x == 0) drawn = t;
         }
         __syncthreads();
@@ -978,8 +1008,8 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
             else if (count <= 2 * kThreads) sort_descending_wide<2>(sorted, count);
             else sort_descending_wide<4>(sorted, count);
             trace_mark(1);  // (the last block: the candidates trimmed and sorted; then the walk)
-            token = use.top_k ? walk_top_k(a.logits, sorted, p, u_bits * 0x1.0p-24, mx, ids)  // (at least k: from its bucket up, or trimmed)
-                              : walk_cuts(a.logits, n, sorted, count, st, p, u_bits, mx);
+            token = use.top_k ? walk_top_k(sorted, p, u_bits * 0x1.0p-24, mx, ids)  // (at least k: from its bucket up, or trimmed)
+                              : walk_cuts(n, sorted, count, st, p, u_bits, mx);
         }
     }
     if (token < 0 && use.counts && p.top_k <= kMaxCandidates) token = sample_top_k(a.logits, n, p, u_bits * 0x1.0p-24, mx, ids);
