@@ -100,6 +100,21 @@ def test_sampler_kernel_draws_as_the_cpu_sampler(emulator, tmp_path, params):
                 assert got == want, f"{params} n={n} hard={hard} seed={s} step={step} (test seed {seed}): kernel {got}, CPU {want}"
 
 
+@pytest.mark.parametrize("params", [dict(temperature=0.8, top_p=0.9), dict(temperature=1.5, top_p=0.95, min_p=0.01)],
+                         ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_sampler_kernel_draws_from_flat_logits_as_the_cpu_sampler(emulator, tmp_path, params):
+    """Flat logits, a random-weight model's (128256 tokens, std 0.93): top-p's cut bucket and the
+    draw's range then hold 33 to ~80 candidates at T 0.8 (~60 to 200 at 1.5), which SampleWalk's
+    first warp sorts and walks two or four a lane (up to 128; more take the block's path)."""
+    seed = random.randrange(2**32)
+    l = np.random.default_rng(seed).normal(4.3, 0.93, 128256).astype(np.float32)
+    for s in range(1, 11):
+        step = 3 * s
+        got = draw(emulator, tmp_path, l, dict(params, seed=s), step=step)
+        want = _core.Sampler(len(l), seed=s, **params).sample(l, [], step)
+        assert got == want, f"{params} seed={s} step={step} (test seed {seed}): kernel {got}, CPU {want}"
+
+
 @pytest.mark.parametrize("params", [dict(temperature=1.0), dict(temperature=0.8, top_p=0.9, min_p=0.1),
                                     dict(temperature=1.0, top_k=40), dict(temperature=1.0, top_k=5000)],
                          ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))

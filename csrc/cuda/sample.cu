@@ -114,7 +114,8 @@ __device__ __forceinline__ void emit(const SampleArgs& a, int32_t token) {
 
 constexpr int kMaxCandidates = 1024;  // the tokens a block walks one a thread (walk_cuts, sample_top_k)
 constexpr int kMaxTopK = 4096;        // top-k's candidates a block sorts and walks (SampleWalk)
-constexpr int kWarpTopK = 64;         // top-k's candidates SampleWalk's first warp sorts and walks alone (without top-k: 32)
+constexpr int kWarpTopK = 64;         // top-k's candidates SampleWalk's first warp sorts and walks alone
+constexpr int kWarpCuts = 128;        // without top-k (four a lane: top-p on a flat 128k vocabulary has up to ~80)
 
 // SampleWalk's last block walks its candidates on a team: the whole block (kTeam = kThreads), or
 // its first warp alone (kTeam = 32) where they are few: a warp's steps need no barrier of the
@@ -889,37 +890,67 @@ struct SampleWalk {
     static __device__ void run(const Args& a);
 };
 
-// SampleWalk's last block, without top-k: the sorted candidates (count of them, at most one a
-// thread of the team) walked with team-wide prefix sums; -1 (every thread) where a cut is not
-// among them.
-template <int kTeam = kThreads>
+// Team-wide over E values a thread (positions threadIdx.x · E + r; E > 1 on a warp): their
+// inclusive prefix sums in place, and the first position where a test holds (kTeam · E where none does).
+template <int kTeam, int E>
+__device__ void team_scan(unsigned long long (&v)[E], unsigned long long* warp_sums) {
+#pragma unroll
+    for (int r = 1; r < E; ++r) v[r] += v[r - 1];
+    const unsigned long long mine = v[E - 1], before = block_scan<kTeam>(mine, warp_sums) - mine;
+#pragma unroll
+    for (int r = 0; r < E; ++r) v[r] += before;
+}
+template <int kTeam, int E, typename F>
+__device__ int team_first(F test, int* first) {
+    int mine = kTeam * E;
+#pragma unroll
+    for (int r = E - 1; r >= 0; --r)
+        if (test(r)) mine = static_cast<int>(threadIdx.x) * E + r;
+    return block_min<kTeam>(mine, kTeam * E, first);
+}
+
+// SampleWalk's last block, without top-k: the sorted candidates (count of them, at most E a thread
+// of the team) walked with team-wide prefix sums; -1 (every thread) where a cut is not among them.
+template <int kTeam = kThreads, int E = 1>
 __device__ int32_t walk_cuts(int32_t n, const unsigned long long* sorted, int count, const WideState& st, const DeviceSampling& p,
                              uint32_t u_bits, float mx) {
+    static_assert(E == 1 || kTeam == 32, "several candidates a thread: on a warp");
     __shared__ unsigned long long sums[kThreads / 32], s_total;
     __shared__ int first_at;
-    const int i = static_cast<int>(threadIdx.x);
-    const bool valid = i < count;
-    const unsigned long long o = valid ? sorted[i] : 0;
-    const double d = valid ? distance(order_logit(o), mx, p.temperature) : 0.0;
-    const int32_t f = valid ? bucket_at(d) : -1;
-    const double w = valid ? weight_at(d) : 0.0;
-    const unsigned long long q = fixed_mass(w, mass_scale(n));
-    const bool kept = w >= p.min_p && w > 0.0;
+    const int base = static_cast<int>(threadIdx.x) * E;
+    unsigned long long o[E], q[E], c[E];
+    int32_t f[E];
+    bool kept[E];
+#pragma unroll
+    for (int r = 0; r < E; ++r) {
+        const bool valid = base + r < count;
+        o[r] = valid ? sorted[base + r] : 0;
+        const double d = valid ? distance(order_logit(o[r]), mx, p.temperature) : 0.0, w = valid ? weight_at(d) : 0.0;
+        f[r] = valid ? bucket_at(d) : -1;
+        q[r] = fixed_mass(w, mass_scale(n));
+        kept[r] = w >= p.min_p && w > 0.0;
+    }
     unsigned long long theta = 0, s = st.kept_total;
     if (st.cut_p >= 0) {  // top-p's end: the first of its bucket whose mass walked reaches need
-        const bool in = valid && f == st.cut_p;
-        const unsigned long long c = st.all_above_p + block_scan<kTeam>(in ? q : 0, sums);
-        const int end = block_first<kTeam>(in && c >= st.need, &first_at);
+#pragma unroll
+        for (int r = 0; r < E; ++r) c[r] = f[r] == st.cut_p ? q[r] : 0;
+        team_scan<kTeam>(c, sums);
+        const int end = team_first<kTeam, E>([&](int r) { return f[r] == st.cut_p && st.all_above_p + c[r] >= st.need; }, &first_at);
         if (end >= count) return -1;
         theta = sorted[end];
-        s = st.kept_above_p + block_scan<kTeam>(in && o >= theta && kept ? q : 0, sums);
-        if (i == kTeam - 1) s_total = s;  // (the last thread's: the whole team's)
+#pragma unroll
+        for (int r = 0; r < E; ++r) c[r] = f[r] == st.cut_p && o[r] >= theta && kept[r] ? q[r] : 0;
+        team_scan<kTeam>(c, sums);
+        if (threadIdx.x == kTeam - 1) s_total = st.kept_above_p + c[E - 1];  // (the last thread's: the whole team's)
         team_sync<kTeam>();
         s = s_total;
     }
-    const bool in = valid && f >= st.draw_lo && f <= st.draw_hi && kept && o >= theta;
-    const unsigned long long c = st.kept_above_d + block_scan<kTeam>(in ? q : 0, sums);
-    const int at = block_first<kTeam>(in && c > draw_target(u_bits, s), &first_at);
+    const auto in = [&](int r) { return f[r] >= st.draw_lo && f[r] <= st.draw_hi && kept[r] && o[r] >= theta; };
+#pragma unroll
+    for (int r = 0; r < E; ++r) c[r] = in(r) ? q[r] : 0;
+    team_scan<kTeam>(c, sums);
+    const unsigned long long target = draw_target(u_bits, s);
+    const int at = team_first<kTeam, E>([&](int r) { return in(r) && st.kept_above_d + c[r] > target; }, &first_at);
     return at < count ? order_id(sorted[at]) : -1;
 }
 
@@ -986,14 +1017,19 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     // top-k: candidates that would pad the sort past k's power of two cut to the k best (and ties)
     const int most = use.top_k ? kMaxTopK : kMaxCandidates;  // (the candidates a sort here takes)
     const bool trim = use.top_k && hi >= 0 && count > kThreads && pow2_at_least(count) > pow2_at_least(p.top_k);
-    if (hi >= 0 && count <= (use.top_k ? kWarpTopK : 32)) {  // few: the first warp alone sorts and walks them
+    if (hi >= 0 && count <= (use.top_k ? kWarpTopK : kWarpCuts)) {  // few: the first warp alone sorts and walks them
         __shared__ int32_t drawn, few_ids[kWarpTopK];
         if (threadIdx.x < 32) {
-            if (count <= 32) sort_few<1>(cand, count, sorted);
-            else sort_few<kWarpTopK / 32>(cand, count, sorted);
+            const int each = count <= 32 ? 1 : count <= 64 ? 2 : 4;  // (a lane's)
+            if (each == 1) sort_few<1>(cand, count, sorted);
+            else if (each == 2) sort_few<2>(cand, count, sorted);
+            else sort_few<4>(cand, count, sorted);
             trace_mark(1);  // (the last block: the candidates sorted; then the walk)
-            const int32_t t = use.top_k ? walk_top_k<32>(sorted, p, u_bits * 0x1.0p-24, mx, few_ids)
-                                        : walk_cuts<32>(n, sorted, count, st, p, u_bits, mx);
+            int32_t t;
+            if (use.top_k) t = walk_top_k<32>(sorted, p, u_bits * 0x1.0p-24, mx, few_ids);
+            else if (each == 1) t = walk_cuts<32, 1>(n, sorted, count, st, p, u_bits, mx);
+            else if (each == 2) t = walk_cuts<32, 2>(n, sorted, count, st, p, u_bits, mx);
+            else t = walk_cuts<32, 4>(n, sorted, count, st, p, u_bits, mx);
             if (threadIdx.x == 0) drawn = t;
         }
         __syncthreads();
