@@ -415,6 +415,13 @@ __device__ __forceinline__ int pow2_at_least(int x) { return x <= 1 ? 1 : 1 << (
 // The first i in [0, count) where test(i) holds, count where none does (every thread's answer).
 template <int kTeam = kThreads, typename F>
 __device__ int block_first_of(int count, F test, int* first) {
+    if constexpr (kTeam == 32) {  // rounds of 32 by ballot, to the first with a hit
+        for (int from = 0; from < count; from += 32) {
+            const int i = from + static_cast<int>(threadIdx.x % 32);
+            if (const unsigned hit = __ballot_sync(kFull, i < count && test(i))) return from + __ffs(static_cast<int>(hit)) - 1;
+        }
+        return count;
+    }
     int mine = count;
     for (int i = static_cast<int>(threadIdx.x); i < count; i += kTeam)
         if (test(i)) {
@@ -847,7 +854,7 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     if (use.counts) {  // top-k: the first bucket where the count walked reaches k; every token from it up
         if (second) return;
         const Cut c = find_cut(st, use, coarse_level, [&](const Mass& m) { return m.all >= static_cast<unsigned long long>(p.top_k); });
-        if (lane == 0) st.cut_p = -1, st.draw_hi = c.bucket >= 0 ? 65535 : -1, st.draw_lo = c.bucket, st.done = 0;
+        if (lane == 0) st.cuts.cut_p = -1, st.cuts.draw_hi = c.bucket >= 0 ? 65535 : -1, st.cuts.draw_lo = c.bucket, st.done = 0;
         return;
     }
     const uint32_t u_bits = uniform_bits(p.seed, step);
@@ -870,17 +877,17 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     const int32_t bucket = (p.top_p >= 1.0f || cut_p >= 0) && d.bucket >= 0 ? d.bucket : -1;  // (found always, but for a bug)
     if (lane != 0) return;
     if (second) {
-        st.draw_lo = bucket;
+        st.cuts.draw_lo = bucket;
         return;
     }
-    st.cut_p = cut_p;
-    st.need = need;
-    st.all_above_p = above_p.all;
-    st.kept_above_p = above_p.kept;
-    st.draw_hi = bucket;  // (-1 here or in draw_lo: SampleWalk collects nothing, and bisects)
-    if (s_lo == s_hi) st.draw_lo = bucket;
-    st.kept_above_d = d.above.kept;
-    st.kept_total = total.kept;
+    st.cuts.cut_p = cut_p;
+    st.cuts.need = need;
+    st.cuts.all_above_p = above_p.all;
+    st.cuts.kept_above_p = above_p.kept;
+    st.cuts.draw_hi = bucket;  // (-1 here or in draw_lo: SampleWalk collects nothing, and bisects)
+    if (s_lo == s_hi) st.cuts.draw_lo = bucket;
+    st.cuts.kept_above_d = d.above.kept;
+    st.cuts.kept_total = total.kept;
     st.done = 0;
 }
 
@@ -912,7 +919,7 @@ __device__ int team_first(F test, int* first) {
 // SampleWalk's last block, without top-k: the sorted candidates (count of them, at most E a thread
 // of the team) walked with team-wide prefix sums; -1 (every thread) where a cut is not among them.
 template <int kTeam = kThreads, int E = 1>
-__device__ int32_t walk_cuts(int32_t n, const unsigned long long* sorted, int count, const WideState& st, const DeviceSampling& p,
+__device__ int32_t walk_cuts(int32_t n, const unsigned long long* sorted, int count, const WideState::Cuts& cuts, const DeviceSampling& p,
                              uint32_t u_bits, float mx) {
     static_assert(E == 1 || kTeam == 32, "several candidates a thread: on a warp");
     __shared__ unsigned long long sums[kThreads / 32], s_total;
@@ -930,27 +937,27 @@ __device__ int32_t walk_cuts(int32_t n, const unsigned long long* sorted, int co
         q[r] = fixed_mass(w, mass_scale(n));
         kept[r] = w >= p.min_p && w > 0.0;
     }
-    unsigned long long theta = 0, s = st.kept_total;
-    if (st.cut_p >= 0) {  // top-p's end: the first of its bucket whose mass walked reaches need
+    unsigned long long theta = 0, s = cuts.kept_total;
+    if (cuts.cut_p >= 0) {  // top-p's end: the first of its bucket whose mass walked reaches need
 #pragma unroll
-        for (int r = 0; r < E; ++r) c[r] = f[r] == st.cut_p ? q[r] : 0;
+        for (int r = 0; r < E; ++r) c[r] = f[r] == cuts.cut_p ? q[r] : 0;
         team_scan<kTeam>(c, sums);
-        const int end = team_first<kTeam, E>([&](int r) { return f[r] == st.cut_p && st.all_above_p + c[r] >= st.need; }, &first_at);
+        const int end = team_first<kTeam, E>([&](int r) { return f[r] == cuts.cut_p && cuts.all_above_p + c[r] >= cuts.need; }, &first_at);
         if (end >= count) return -1;
         theta = sorted[end];
 #pragma unroll
-        for (int r = 0; r < E; ++r) c[r] = f[r] == st.cut_p && o[r] >= theta && kept[r] ? q[r] : 0;
+        for (int r = 0; r < E; ++r) c[r] = f[r] == cuts.cut_p && o[r] >= theta && kept[r] ? q[r] : 0;
         team_scan<kTeam>(c, sums);
-        if (threadIdx.x == kTeam - 1) s_total = st.kept_above_p + c[E - 1];  // (the last thread's: the whole team's)
+        if (threadIdx.x == kTeam - 1) s_total = cuts.kept_above_p + c[E - 1];  // (the last thread's: the whole team's)
         team_sync<kTeam>();
         s = s_total;
     }
-    const auto in = [&](int r) { return f[r] >= st.draw_lo && f[r] <= st.draw_hi && kept[r] && o[r] >= theta; };
+    const auto in = [&](int r) { return f[r] >= cuts.draw_lo && f[r] <= cuts.draw_hi && kept[r] && o[r] >= theta; };
 #pragma unroll
     for (int r = 0; r < E; ++r) c[r] = in(r) ? q[r] : 0;
     team_scan<kTeam>(c, sums);
     const unsigned long long target = draw_target(u_bits, s);
-    const int at = team_first<kTeam, E>([&](int r) { return in(r) && st.kept_above_d + c[r] > target; }, &first_at);
+    const int at = team_first<kTeam, E>([&](int r) { return in(r) && cuts.kept_above_d + c[r] > target; }, &first_at);
     return at < count ? order_id(sorted[at]) : -1;
 }
 
@@ -978,7 +985,7 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     const int32_t n = a.n_vocab, from = static_cast<int32_t>(blockIdx.x) * kSpan;
     const MassUse use(p, n);
     const bool bisect = use.top_k && !use.counts;  // (SampleMass left no plan)
-    const int32_t cut_p = st.cut_p, lo = st.draw_lo, hi = bisect || lo < 0 ? -1 : st.draw_hi;
+    const int32_t cut_p = st.cuts.cut_p, lo = st.cuts.draw_lo, hi = bisect || lo < 0 ? -1 : st.cuts.draw_hi;
     const float mx = st.mx;
     unsigned long long* cand = reinterpret_cast<unsigned long long*>(a.scratch);
     __shared__ bool last;
@@ -1008,6 +1015,7 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     }
     __syncthreads();
     if (!last) return;
+    const WideState::Cuts cuts = st.cuts;  // (read before the sort: the walk's, after it)
     const int32_t top = st.top;
     const uint32_t u_bits = uniform_bits(p.seed, step);
     int count = static_cast<int>(n_cand);
@@ -1027,9 +1035,9 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
             trace_mark(1);  // (the last block: the candidates sorted; then the walk)
             int32_t t;
             if (use.top_k) t = walk_top_k<32>(sorted, p, u_bits * 0x1.0p-24, mx, few_ids);
-            else if (each == 1) t = walk_cuts<32, 1>(n, sorted, count, st, p, u_bits, mx);
-            else if (each == 2) t = walk_cuts<32, 2>(n, sorted, count, st, p, u_bits, mx);
-            else t = walk_cuts<32, 4>(n, sorted, count, st, p, u_bits, mx);
+            else if (each == 1) t = walk_cuts<32, 1>(n, sorted, count, cuts, p, u_bits, mx);
+            else if (each == 2) t = walk_cuts<32, 2>(n, sorted, count, cuts, p, u_bits, mx);
+            else t = walk_cuts<32, 4>(n, sorted, count, cuts, p, u_bits, mx);
             if (threadIdx.x == 0) drawn = t;
         }
         __syncthreads();
@@ -1045,7 +1053,7 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
             else sort_descending_wide<4>(sorted, count);
             trace_mark(1);  // (the last block: the candidates trimmed and sorted; then the walk)
             token = use.top_k ? walk_top_k(sorted, p, u_bits * 0x1.0p-24, mx, ids)  // (at least k: from its bucket up, or trimmed)
-                              : walk_cuts(n, sorted, count, st, p, u_bits, mx);
+                              : walk_cuts(n, sorted, count, cuts, p, u_bits, mx);
         }
     }
     if (token < 0 && use.counts && p.top_k <= kMaxCandidates) token = sample_top_k(a.logits, n, p, u_bits * 0x1.0p-24, mx, ids);

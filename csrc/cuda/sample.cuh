@@ -70,12 +70,14 @@ struct WideState {
     float mx;        // the largest logit
     int32_t top;     // its lowest id
     // SampleMass → SampleWalk: the fine buckets the cuts fall in, the masses above them
-    int32_t cut_p;                 // top-p's (-1: top-p off)
-    int32_t draw_hi, draw_lo;      // the draw's cut falls in one of [draw_lo, draw_hi] (-1: not found; with
-                                   // top-k: from top-k's bucket up)
-    unsigned long long need;       // top-p: the mass its prefix reaches
-    unsigned long long all_above_p, kept_above_p, kept_above_d;
-    unsigned long long kept_total;  // the mass the draw is over (without top-p)
+    struct Cuts {
+        int32_t cut_p;                 // top-p's (-1: top-p off)
+        int32_t draw_hi, draw_lo;      // the draw's cut falls in one of [draw_lo, draw_hi] (-1: not found; with
+                                       // top-k: from top-k's bucket up)
+        unsigned long long need;       // top-p: the mass its prefix reaches
+        unsigned long long all_above_p, kept_above_p, kept_above_d;
+        unsigned long long kept_total;  // the mass the draw is over (without top-p)
+    } cuts;
     unsigned done;                  // SampleMass's blocks finished
     unsigned long long walk;        // SampleWalk's candidates collected (low 32 bits) and blocks finished (high 32)
 };
