@@ -980,6 +980,7 @@ void Runner::push_sampler(const SamplingParams& p, const float* logits, int64_t 
     }
     SampleArgs a{logits, static_cast<int32_t>(c_.n_vocab), &b->sampling, &b->sample_step, sample_scratch_.get(),
                  sample_best_.get(), reinterpret_cast<unsigned*>(sample_best_.get() + 1), drawn ? drawn : &b->sampled};
+    a.out_host = drawn != nullptr;
     if (wide_draw(p)) a.wide = sample_wide_.get();
     if (next) {
         a.next = next->tokens;

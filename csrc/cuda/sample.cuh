@@ -93,7 +93,7 @@ struct SampleArgs {
     double* scratch;               // n_vocab doubles (or 8-byte words)
     unsigned long long* best;      // device, zero: the blocks' merged best (one word)
     unsigned* done;                // device, zero: the blocks that have merged theirs (both reset by the last)
-    int32_t* out;                  // the drawn token, -1 where no logit is finite (device memory, or pinned host memory)
+    int32_t* out;                  // the drawn token, -1 where no logit is finite (device memory, or pinned host memory: out_host)
     int32_t* next = nullptr;       // or null: also written here (the next chained step's input token)
     // with next: the next chained step's header, written here from this step's (its position one
     // on, the RNG counter one on, the same parameters), so the host copies no header in between
@@ -101,6 +101,7 @@ struct SampleArgs {
     int64_t* next_pos0 = nullptr;
     uint64_t* next_step = nullptr;
     DeviceSampling* next_params = nullptr;
+    bool out_host = false;  // out is pinned host memory (fenced for the host to read after the step)
     WideState* wide = nullptr;  // device: for every step whose parameters draw (a temperature); null: greedy only
 };
 // The sampler's launches: Sample (the greedy token), and with a.wide SampleMass and SampleWalk
