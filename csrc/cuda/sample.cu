@@ -105,7 +105,8 @@ struct Sample {
 };
 
 // The drawn token out (pinned host memory fenced, for the host to see once the step is done),
-// and into the next chained step's input.
+// and into the next chained step's input. (The host reads it after the step's event, which orders
+// it too; without the fence chained steps ran no faster: bench/NOTES.md, forty-fourth session.)
 __device__ __forceinline__ void emit(const SampleArgs& a, int32_t token) {
     *a.out = token;
     if (a.next) *a.next = token;
