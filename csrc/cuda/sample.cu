@@ -13,10 +13,10 @@
 //    ones'). Its last block finds the buckets the cuts fall in.
 //  - SampleWalk collects the tokens of those buckets (with top-k: every token from top-k's bucket
 //    up, cut to the k best where a crowded bucket would pad the sort: trim_top_k), and its last
-//    block sorts them (top-k's up to 4096, else 1024; few, up to 64 or 32, by its first warp
-//    alone, in registers: sort_few) and walks them: top-k's walk is the CPU's, sum for sum
-//    (walk_top_k); without top-k, top-p's and the draw's ends come from prefix sums of the
-//    fixed-point masses (walk_cuts).
+//    block sorts them (top-k's up to 4096, else 1024; few, up to 64 with top-k and 128
+//    without, by its first warp alone, in registers: sort_few) and walks them: top-k's walk is
+//    the CPU's, sum for sum (walk_top_k); without top-k, top-p's and the draw's ends come from
+//    prefix sums of the fixed-point masses (walk_cuts).
 //  - Otherwise (top-k over 4096; more candidates than a block sorts, as with many equal logits)
 //    SampleWalk's last block searches alone: top-k (up to 1024) by a radix search of the counts
 //    (sample_top_k), else each cut by bisection over the logit keys and, among tokens tied at the
