@@ -162,12 +162,13 @@ def test_sampler_kernel_walks_equal_logits_in_id_order(emulator, tmp_path, param
     assert in_groups >= 2, f"{params}: only {in_groups} of 8 draws in a group of equal logits"
 
 
-@pytest.mark.parametrize("k", [40, 1000])
+@pytest.mark.parametrize("k", [40, 1000, 2000])
 def test_sampler_kernel_top_k_counts_from_each_blocks_floor(emulator, tmp_path, k):
-    """top-k's counts skip each block's tokens below its own k-th best (its floor): the k best all
-    in the last blocks (rising logits), all in the first (falling), or one a block over crowded flat
-    logits (the floors then below the cut, each block's other tokens tied in two buckets under it);
-    every draw equals the CPU sampler's."""
+    """top-k's counts skip each block's tokens below its floor (its k-th best, or at k = 1000 and
+    2000 its m-th, m = 2 k / 40 + 32 of its 1024): the k best all in the last blocks (rising logits:
+    the floors above the cut there, so it moves lower), all in the first (falling), or one a block
+    over crowded flat logits (the floors then below the cut, each block's other tokens tied in two
+    buckets under it); every draw equals the CPU sampler's."""
     rng = np.random.default_rng(7)
     n = 40000  # 40 blocks of 1024 tokens (SampleMass's), the last one short
     flat = rng.normal(4.3, 0.93, n).astype(np.float32)

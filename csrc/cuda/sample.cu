@@ -773,22 +773,25 @@ __device__ Cut find_cut(const WideState& st, const MassUse& use, const Level& co
     return Cut{f < 0 ? -1 : coarse_bucket * 256 + 255 - f, base, own};
 }
 
-// top-k's counts, a token a thread (count <= kThreads): each of the block's tokens at or above
-// its floor, the block's own k-th largest key bucket (0 where it has fewer than k tokens), counted
-// into its bucket, fine (global) and coarse (the block's). A floor is at or below the whole
-// vocabulary's k-th largest bucket (the block's k best are among the tokens at or above that), so
-// every bucket from the cut up is counted whole and the walk from the top still first reaches k
-// at the cut. The tokens below the floors are left out: flat logits crowd a few buckets (a random-
-// weight 1B's, up to 1805 tokens in one), and their adds were one atomic queue a bucket. (A floor
-// set too high would only move the cut lower: more candidates, the same draw. So the draw tests
-// guard the tokens, not the floors' tightness; bench/sampling_speed.py shows that.)
-__device__ void count_top_k(const float* __restrict__ l, int count, int k, unsigned long long* fine, CoarseParts& coarse) {
+// top-k's counts, a token a thread (count <= kThreads, of the vocabulary's n): each of the block's
+// tokens at or above its floor counted into its bucket, fine (global) and coarse (the block's). The
+// floor is the block's m-th largest key bucket, m = min(k, count, 2 k · count / n + 32): the block's
+// k best where k is small, else twice its share of the vocabulary's k best and a margin. The
+// tokens below the floors are left out: flat logits crowd a few buckets (a random-weight 1B's, up
+// to 1805 tokens in one), and their adds were one atomic queue a bucket; top-k 2000 counted every
+// token. The counts still reach k (every block counts at least m, and the m's add up to at least
+// k). Where a block holds more than m of the k best (logits rising with the id), some of them go
+// uncounted: the walk from the top then first reaches k at a lower bucket, and SampleWalk collects
+// more candidates (every token from that bucket up) for the same draw. So the draw tests guard the
+// tokens, not the floors' tightness; bench/sampling_speed.py shows that.
+__device__ void count_top_k(const float* __restrict__ l, int count, int32_t n, int k, unsigned long long* fine, CoarseParts& coarse) {
     const int t = static_cast<int>(threadIdx.x), lane = t % 32;
     const int32_t f = t < count ? bucket_of_key(key(l[t])) : -1;
-    int32_t floor = 0;  // the largest bucket with k of the block's tokens at or above it
-    for (int32_t hi = k <= count ? 65535 : 0; floor < hi;) {
+    const int m = static_cast<int>(min(static_cast<int64_t>(min(k, count)), 2 * static_cast<int64_t>(k) * count / n + 32));
+    int32_t floor = 0;  // the largest bucket with m of the block's tokens at or above it
+    for (int32_t hi = 65535; floor < hi;) {
         const int32_t mid = (floor + hi + 1) / 2;
-        if (__syncthreads_count(f >= mid) >= k) floor = mid;
+        if (__syncthreads_count(f >= mid) >= m) floor = mid;
         else hi = mid - 1;
     }
     const bool counted = f >= floor;  // (f = -1 past the end: never)
@@ -827,7 +830,7 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     __shared__ bool last;
     coarse[0].zero(), coarse[1].zero();
     __syncthreads();
-    if (use.counts) count_top_k(a.logits + from, min(kSpan, n - from), p.top_k, st.fine[0], coarse[0]);
+    if (use.counts) count_top_k(a.logits + from, min(kSpan, n - from), n, p.top_k, st.fine[0], coarse[0]);
     else for_each_logit<1, false>(a.logits + from, min(kSpan, n - from), [&](float v, int, bool valid) {
         if (!valid) return;
         const double d = distance(v, mx, t), w = weight_at(d);
