@@ -164,9 +164,9 @@ def test_sampler_kernel_walks_equal_logits_in_id_order(emulator, tmp_path, param
 
 @pytest.mark.parametrize("k", [40, 1000, 2000])
 def test_sampler_kernel_top_k_counts_from_each_blocks_floor(emulator, tmp_path, k):
-    """top-k's counts skip each block's tokens below its floor (its k-th best, or at k = 1000 and
-    2000 its m-th, m = 2 k / 40 + 32 of its 1024): the k best all in the last blocks (rising logits:
-    the floors above the cut there, so it moves lower), all in the first (falling), or one a block
+    """top-k's counts skip each block's tokens below its floor (its m-th best, m = min(k, 2 k · 1024
+    / 40000 + 32): 34, 83 and 134 here): the k best all in the last blocks (rising logits: the floors
+    there above the k-th best, so the cut comes out lower), all in the first (falling), or one a block
     over crowded flat logits (the floors then below the cut, each block's other tokens tied in two
     buckets under it); every draw equals the CPU sampler's."""
     rng = np.random.default_rng(7)
