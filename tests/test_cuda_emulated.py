@@ -72,10 +72,11 @@ def draw(emulator, tmp_path, logits, params, *, history=None, step=0, penalized=
 
 # greedy; temperature alone; top-k of up to 4096 candidates (counted into histograms, the candidates
 # sorted: one a thread up to 1024, several past it; k = 4000 leaves room for the rest of its bucket,
-# where k = 4096 would overflow into the bisection nearly always) with top-p and min-p; k = 4097
-# (SampleWalk's last block bisects); top-p, min-p, both, and a top-k past the vocabulary (masses
-# into histograms)
-SAMPLING = [dict(), dict(temperature=0.8), dict(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05), dict(temperature=0.7, top_k=1024),
+# where k = 4096 would overflow into the bisection nearly always) with top-p and min-p, or with a
+# min-p that ends the walk (on a warp: k <= 64; on the block); k = 4097 (SampleWalk's last block
+# bisects); top-p, min-p, both, and a top-k past the vocabulary (masses into histograms)
+SAMPLING = [dict(), dict(temperature=0.8), dict(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05),
+            dict(temperature=1.5, top_k=50, min_p=0.3), dict(temperature=2.0, top_k=300, min_p=0.2), dict(temperature=0.7, top_k=1024),
             dict(temperature=1.2, top_k=1025), dict(temperature=0.9, top_k=4000, top_p=0.9), dict(temperature=1.0, top_k=4097),
             dict(temperature=0.9, top_p=0.8), dict(temperature=1.5, min_p=0.1),
             dict(temperature=1.1, top_p=0.7, min_p=0.02), dict(temperature=0.6, top_k=100000, top_p=0.95)]

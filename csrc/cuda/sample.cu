@@ -14,9 +14,9 @@
 //  - SampleWalk collects the tokens of those buckets (with top-k: every token from top-k's bucket
 //    up, cut to the k best where a crowded bucket would pad the sort: trim_top_k), and its last
 //    block sorts them (top-k's up to 4096, else 1024; few, up to 64 with top-k and 128
-//    without, by its first warp alone, in registers: sort_few) and walks them: top-k's walk is
-//    the CPU's, sum for sum (walk_top_k); without top-k, top-p's and the draw's ends come from
-//    prefix sums of the fixed-point masses (walk_cuts).
+//    without, by its first warp alone, in registers: sort_few) and walks them: top-p's and the
+//    draw's ends come from prefix sums of fixed-point masses, over top-k's k best (walk_top_k)
+//    or, without top-k, over the cuts' buckets (walk_cuts).
 //  - Otherwise (top-k over 4096; more candidates than a block sorts, as with many equal logits)
 //    SampleWalk's last block searches alone: top-k (up to 1024) by a radix search of the counts
 //    (sample_top_k), else each cut by bisection over the logit keys and, among tokens tied at the
@@ -413,79 +413,66 @@ __device__ int32_t draw_by_bisection(const float* __restrict__ l, int32_t n, con
 static_assert(kMaxTopK <= 4 * kThreads, "SampleWalk sorts up to 4 keys a thread");
 __device__ __forceinline__ int pow2_at_least(int x) { return x <= 1 ? 1 : 1 << (32 - __clz(x - 1)); }
 
-// The first i in [0, count) where test(i) holds, count where none does (every thread's answer).
-template <int kTeam = kThreads, typename F>
-__device__ int block_first_of(int count, F test, int* first) {
-    if constexpr (kTeam == 32) {  // rounds of 32 by ballot, to the first with a hit
-        for (int from = 0; from < count; from += 32) {
-            const int i = from + static_cast<int>(threadIdx.x % 32);
-            if (const unsigned hit = __ballot_sync(kFull, i < count && test(i))) return from + __ffs(static_cast<int>(hit)) - 1;
-        }
-        return count;
-    }
-    int mine = count;
-    for (int i = static_cast<int>(threadIdx.x); i < count; i += kTeam)
-        if (test(i)) {
-            mine = i;
-            break;
-        }
-    return block_min<kTeam>(mine, count, first);
+// Team-wide over E values a thread (positions threadIdx.x · E + r; E > 1 on a warp): their
+// inclusive prefix sums in place, and the first position where a test holds (kTeam · E where none does).
+template <int kTeam, int E>
+__device__ void team_scan(unsigned long long (&v)[E], unsigned long long* warp_sums) {
+#pragma unroll
+    for (int r = 1; r < E; ++r) v[r] += v[r - 1];
+    const unsigned long long mine = v[E - 1], before = block_scan<kTeam>(mine, warp_sums) - mine;
+#pragma unroll
+    for (int r = 0; r < E; ++r) v[r] += before;
+}
+template <int kTeam, int E, typename F>
+__device__ int team_first(F test, int* first) {
+    int mine = kTeam * E;
+#pragma unroll
+    for (int r = E - 1; r >= 0; --r)
+        if (test(r)) mine = static_cast<int>(threadIdx.x) * E + r;
+    return block_min<kTeam>(mine, kTeam * E, first);
 }
 
-// The CPU sampler's walk over the k best tokens, cand[0, k) in the contract's order (k = p.top_k
-// <= kMaxTopK, or kWarpTopK on a warp; shared memory), sum for sum: softmax weights (each in place
-// of its token's order key, whose id goes to ids: k ints, global scratch for the block, shared for
-// a warp), then their running sums in the CPU's order by one thread, which are its top-p prefix,
-// its min-p sum and its draw alike: each cut is the first index past a sum, searched by the team
-// (every thread's answer). (Four serial walks by one thread, the CPU's loops, cost top-k 2000
-// +0.18 ms a token on an H100.)
-template <int kTeam = kThreads>
-__device__ int32_t walk_top_k(unsigned long long* cand, const DeviceSampling& p, double u, float mx, int32_t* ids) {
+// The CPU sampler's walk over the k best tokens, cand[0, k) in the contract's order (k = p.top_k <=
+// kMaxTopK, or kWarpTopK on a warp; shared memory), E a thread of the team: min-p ends it at the
+// first weight under min_p (weights fall along the order), top-p at the first token whose running
+// sum reaches top_p · Z, and the draw is the first token whose running sum passes u · S. The sums
+// are of fixed-point masses, as walk_cuts's (units of 2^-46 here): integers, the same in any order,
+// so the team adds them at once, where the CPU adds float64 weights one after another (one thread
+// doing that took ~13 µs at k = 2000); a draw can differ from the CPU's only where u · S falls
+// within about k · 2^-47 of a token's edge. Every thread gets the token.
+template <int kTeam = kThreads, int E = 1>
+__device__ int32_t walk_top_k(const unsigned long long* cand, const DeviceSampling& p, uint32_t u_bits, float mx) {
+    __shared__ unsigned long long sums[kThreads / 32], sum_i;
     __shared__ int first_at;
-    const int k = p.top_k;
-    if constexpr (kTeam == 32) {  // a lane's logits read at once, then their weights side by side
-        constexpr int kEach = kWarpTopK / 32;
-        float v[kEach] = {};
+    const int k = p.top_k, base = static_cast<int>(threadIdx.x) * E;
+    const double scale = mass_scale(k);
+    unsigned long long c[E];
+    bool kept[E];
 #pragma unroll
-        for (int r = 0; r < kEach; ++r) {
-            const int i = static_cast<int>(threadIdx.x) + 32 * r;
-            if (i < k) {
-                const unsigned long long o = cand[i];
-                ids[i] = order_id(o);
-                v[r] = order_logit(o);
-            }
-        }
+    for (int r = 0; r < E; ++r) {
+        const double w = base + r < k ? weight(order_logit(cand[base + r]), mx, p.temperature) : 0.0;
+        c[r] = fixed_mass(w, scale);
+        kept[r] = w >= p.min_p && w > 0.0;
+    }
+    team_scan<kTeam>(c, sums);  // c[r]: the running sum at position base + r
+    const auto sum_at = [&](int i) {  // (every thread's)
+        team_sync<kTeam>();           // (the last one read)
 #pragma unroll
-        for (int r = 0; r < kEach; ++r) {
-            const int i = static_cast<int>(threadIdx.x) + 32 * r;
-            if (i < k) cand[i] = static_cast<unsigned long long>(__double_as_longlong(weight(v[r], mx, p.temperature)));
-        }
-    } else {  // (unrolled the same way, the block's walk of top-k 2000 took 0.5 µs more)
-        for (int i = threadIdx.x; i < k; i += kThreads) {
-            const unsigned long long o = cand[i];
-            ids[i] = order_id(o);
-            cand[i] = static_cast<unsigned long long>(__double_as_longlong(weight(order_logit(o), mx, p.temperature)));
-        }
+        for (int r = 0; r < E; ++r)
+            if (base + r == i) sum_i = c[r];
+        team_sync<kTeam>();
+        return sum_i;
+    };
+    int m = team_first<kTeam, E>([&](int r) { return base + r < k && !kept[r]; }, &first_at);  // (k where min-p keeps all)
+    if (p.top_p < 1.0f) {
+        const unsigned long long z = sum_at(k - 1);
+        const unsigned long long need = min(z, max(1ull, static_cast<unsigned long long>(ceil(static_cast<double>(p.top_p) * static_cast<double>(z)))));
+        m = min(m, team_first<kTeam, E>([&](int r) { return base + r < k && c[r] >= need; }, &first_at) + 1);
     }
-    team_sync<kTeam>();
-    const auto at = [&](int i) { return __longlong_as_double(static_cast<long long>(cand[i])); };
-    const double min_w = p.min_p;  // w is non-increasing: min-p and w == 0 cut a suffix, from here
-    const int cut_m = block_first_of<kTeam>(k, [&](int i) { return !(at(i) >= min_w && at(i) > 0.0); }, &first_at);
-    if (threadIdx.x == 0) {  // cand[i] = w[0] + ... + w[i], added in order
-        double sum = 0.0;
-#pragma unroll 8
-        for (int i = 0; i < k; ++i) cand[i] = static_cast<unsigned long long>(__double_as_longlong(sum = __dadd_rn(sum, at(i))));
-    }
-    team_sync<kTeam>();
-    int kept = k;
-    if (p.top_p < 1.0f) {  // the nucleus ends at the first token whose running sum reaches top_p · Z
-        const double target = p.top_p * at(k - 1);
-        kept = min(k, block_first_of<kTeam>(k, [&](int i) { return at(i) >= target; }, &first_at) + 1);
-    }
-    const int m = min(kept, cut_m);  // (at least 1: the first token weighs 1)
-    const double target = u * at(m - 1);
-    const int pick = block_first_of<kTeam>(m, [&](int i) { return at(i) > target; }, &first_at);
-    return ids[min(pick, m - 1)];
+    m = max(m, 1);  // (the first token weighs 1)
+    const unsigned long long target = draw_target(u_bits, sum_at(m - 1));
+    const int pick = team_first<kTeam, E>([&](int r) { return base + r < m && c[r] > target; }, &first_at);
+    return order_id(cand[min(pick, m - 1)]);
 }
 
 // The k-th largest of the keys `each` visits (each(f) calls f(key, valid) on every lane of the
@@ -545,10 +532,9 @@ __device__ uint32_t kth_largest_key(int k, Each each, int* at_least, uint32_t pr
 
 // top-k with k <= kMaxCandidates in one block: the k-th largest key θ (kth_largest_key over the
 // logits), the tokens at or above θ sorted in shared memory (logit descending, id ascending: a
-// bitonic sort of key << 32 | ~id), and the first k walked as the CPU walks them (walk_top_k).
-// Returns the token, or -1 when ties at θ make more candidates than fit (the caller then takes the
-// general path).
-__device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const DeviceSampling& p, double u, float mx, int32_t* ids) {
+// bitonic sort of key << 32 | ~id), and the first k walked (walk_top_k). Returns the token, or -1
+// when ties at θ make more candidates than fit (the caller then takes the general path).
+__device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const DeviceSampling& p, uint32_t u_bits, float mx) {
     __shared__ int n_cand;
     __shared__ unsigned long long cand[kMaxCandidates];
     int count;
@@ -561,7 +547,7 @@ __device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const De
         if (valid && key(v) >= theta) cand[atomicAdd(&n_cand, 1)] = order_key(key(v), i);
     });
     sort_descending(cand, count);
-    return walk_top_k(cand, p, u, mx, ids);
+    return walk_top_k(cand, p, u_bits, mx);
 }
 
 // top-k's candidates (src(i), i < count: order keys of every token from the cut's bucket up)
@@ -901,25 +887,6 @@ struct SampleWalk {
     static __device__ void run(const Args& a);
 };
 
-// Team-wide over E values a thread (positions threadIdx.x · E + r; E > 1 on a warp): their
-// inclusive prefix sums in place, and the first position where a test holds (kTeam · E where none does).
-template <int kTeam, int E>
-__device__ void team_scan(unsigned long long (&v)[E], unsigned long long* warp_sums) {
-#pragma unroll
-    for (int r = 1; r < E; ++r) v[r] += v[r - 1];
-    const unsigned long long mine = v[E - 1], before = block_scan<kTeam>(mine, warp_sums) - mine;
-#pragma unroll
-    for (int r = 0; r < E; ++r) v[r] += before;
-}
-template <int kTeam, int E, typename F>
-__device__ int team_first(F test, int* first) {
-    int mine = kTeam * E;
-#pragma unroll
-    for (int r = E - 1; r >= 0; --r)
-        if (test(r)) mine = static_cast<int>(threadIdx.x) * E + r;
-    return block_min<kTeam>(mine, kTeam * E, first);
-}
-
 // SampleWalk's last block, without top-k: the sorted candidates (count of them, at most E a thread
 // of the team) walked with team-wide prefix sums; -1 (every thread) where a cut is not among them.
 template <int kTeam = kThreads, int E = 1>
@@ -1025,12 +992,11 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     int count = static_cast<int>(n_cand);
     int32_t token = -1;
     __shared__ unsigned long long sorted[kMaxTopK];
-    int32_t* ids = reinterpret_cast<int32_t*>(cand);  // (walk_top_k's ids: the candidates are in `sorted` by then)
     // top-k: candidates that would pad the sort past k's power of two cut to the k best (and ties)
     const int most = use.top_k ? kMaxTopK : kMaxCandidates;  // (the candidates a sort here takes)
     const bool trim = use.top_k && hi >= 0 && count > kThreads && pow2_at_least(count) > pow2_at_least(p.top_k);
     if (hi >= 0 && count <= (use.top_k ? kWarpTopK : kWarpCuts)) {  // few: the first warp alone sorts and walks them
-        __shared__ int32_t drawn, few_ids[kWarpTopK];
+        __shared__ int32_t drawn;
         if (threadIdx.x < 32) {
             const int each = count <= 32 ? 1 : count <= 64 ? 2 : 4;  // (a lane's)
             if (each == 1) sort_few<1>(cand, count, sorted);
@@ -1038,7 +1004,8 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
             else sort_few<4>(cand, count, sorted);
             trace_mark(1);  // (the last block: the candidates sorted; then the walk)
             int32_t t;
-            if (use.top_k) t = walk_top_k<32>(sorted, p, u_bits * 0x1.0p-24, mx, few_ids);
+            if (use.top_k && each == 1) t = walk_top_k<32, 1>(sorted, p, u_bits, mx);
+            else if (use.top_k) t = walk_top_k<32, 2>(sorted, p, u_bits, mx);
             else if (each == 1) t = walk_cuts<32, 1>(n, sorted, count, cuts, p, u_bits, mx);
             else if (each == 2) t = walk_cuts<32, 2>(n, sorted, count, cuts, p, u_bits, mx);
             else t = walk_cuts<32, 4>(n, sorted, count, cuts, p, u_bits, mx);
@@ -1056,11 +1023,13 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
             else if (count <= 2 * kThreads) sort_descending_wide<2>(sorted, count);
             else sort_descending_wide<4>(sorted, count);
             trace_mark(1);  // (the last block: the candidates trimmed and sorted; then the walk)
-            token = use.top_k ? walk_top_k(sorted, p, u_bits * 0x1.0p-24, mx, ids)  // (at least k: from its bucket up, or trimmed)
-                              : walk_cuts(n, sorted, count, cuts, p, u_bits, mx);
+            if (!use.top_k) token = walk_cuts(n, sorted, count, cuts, p, u_bits, mx);
+            else if (p.top_k <= kThreads) token = walk_top_k<kThreads, 1>(sorted, p, u_bits, mx);  // (count >= k: from its bucket up, or trimmed)
+            else if (p.top_k <= 2 * kThreads) token = walk_top_k<kThreads, 2>(sorted, p, u_bits, mx);
+            else token = walk_top_k<kThreads, 4>(sorted, p, u_bits, mx);
         }
     }
-    if (token < 0 && use.counts && p.top_k <= kMaxCandidates) token = sample_top_k(a.logits, n, p, u_bits * 0x1.0p-24, mx, ids);
+    if (token < 0 && use.counts && p.top_k <= kMaxCandidates) token = sample_top_k(a.logits, n, p, u_bits, mx);
     if (token < 0) token = draw_by_bisection(a.logits, n, p, u_bits, mx, top, cand);
     if (threadIdx.x == 0) {
         st.active = 0;
