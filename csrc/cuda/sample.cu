@@ -413,8 +413,8 @@ __device__ int32_t draw_by_bisection(const float* __restrict__ l, int32_t n, con
 static_assert(kMaxTopK <= 4 * kThreads, "SampleWalk sorts up to 4 keys a thread");
 __device__ __forceinline__ int pow2_at_least(int x) { return x <= 1 ? 1 : 1 << (32 - __clz(x - 1)); }
 
-// Team-wide over E values a thread (positions threadIdx.x · E + r; E > 1 on a warp): their
-// inclusive prefix sums in place, and the first position where a test holds (kTeam · E where none does).
+// Team-wide over E values a thread (positions threadIdx.x · E + r): their inclusive prefix sums in
+// place, and the first position where a test holds (kTeam · E where none does).
 template <int kTeam, int E>
 __device__ void team_scan(unsigned long long (&v)[E], unsigned long long* warp_sums) {
 #pragma unroll
