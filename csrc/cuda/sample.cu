@@ -280,8 +280,7 @@ __device__ __forceinline__ int32_t bucket_at(double d) {
 __device__ __forceinline__ unsigned long long draw_target(uint32_t u_bits, unsigned long long s) {
     return u_bits * (s >> 24) + ((u_bits * (s & 0xFFFFFFull)) >> 24);
 }
-// Team-wide (one value a thread): the inclusive prefix sum, and the lowest thread for which a
-// test holds (kTeam where none does).
+// Team-wide (one value a thread): the inclusive prefix sum.
 template <int kTeam = kThreads>
 __device__ unsigned long long block_scan(unsigned long long v, unsigned long long* warp_sums) {
     const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
@@ -309,10 +308,6 @@ __device__ int block_min(int mine, int none, int* first) {
     if (mine < none) atomicMin(first, mine);
     __syncthreads();
     return *first;
-}
-template <int kTeam = kThreads>
-__device__ int block_first(bool test, int* first) {
-    return block_min<kTeam>(test ? static_cast<int>(threadIdx.x) : kTeam, kTeam, first);
 }
 
 // The largest key θ for which ok(θ) holds (ok non-increasing in θ, ok(0) true).
