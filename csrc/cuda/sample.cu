@@ -1032,7 +1032,7 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     }
 }
 
-// The logits after bias and penalties, a slice of kSlice tokens a block: the slice copied (loads first), the
+// The logits after bias and penalties, a slice of kSlice tokens a block: the slice copied, the
 // bias table's entries in it added, then the window's tokens in it counted (the counts array,
 // global: each block touches only its slice's entries) and each distinct one penalized once by
 // the thread that takes its count back to zero. The float arithmetic is the CPU's, rounding for
@@ -1059,11 +1059,7 @@ __device__ void Penalize::run(const PenaltyArgs& a) {
     const int64_t last = *a.pos0 + a.n_tokens - 1;
     wait_inputs();
     const int32_t from = static_cast<int32_t>(blockIdx.x) * kSlice, to = min(a.n_vocab, from + kSlice);
-    // the copy: each thread's 16 loads in flight at once, then its stores (a load after each store, as the
-    // compiler had to order them, cost ~3.5 µs a step: bench/NOTES.md)
-    for_each_logit(a.logits + from, to - from, [&](float v, int i, bool valid) {
-        if (valid) a.out[from + i] = v;
-    });
+    for (int32_t i = from + static_cast<int32_t>(threadIdx.x); i < to; i += kThreads) a.out[i] = a.logits[i];
     __syncthreads();
     const int32_t lo = first_at_least(a.bias_tokens, 0, p.n_bias, from), hi = first_at_least(a.bias_tokens, lo, p.n_bias, to);
     for (int32_t j = lo + static_cast<int32_t>(threadIdx.x); j < hi; j += kThreads) a.out[a.bias_tokens[j]] += a.bias_values[j];
