@@ -1062,6 +1062,7 @@ __device__ void Penalize::run(const PenaltyArgs& a) {
     const int32_t from = static_cast<int32_t>(blockIdx.x) * kSlice, to = min(a.n_vocab, from + kSlice);
     for (int32_t i = from + static_cast<int32_t>(threadIdx.x); i < to; i += kThreads) a.out[i] = a.logits[i];
     __syncthreads();
+    trace_mark(0);  // (the slice copied)
     const int32_t lo = first_at_least(a.bias_tokens, 0, p.n_bias, from), hi = first_at_least(a.bias_tokens, lo, p.n_bias, to);
     for (int32_t j = lo + static_cast<int32_t>(threadIdx.x); j < hi; j += kThreads) a.out[a.bias_tokens[j]] += a.bias_values[j];
     if (p.penalty_last_n == 0) return;
@@ -1073,6 +1074,7 @@ __device__ void Penalize::run(const PenaltyArgs& a) {
         if (t >= from && t < to) atomicAdd(&a.counts[t], 1);
     }
     __syncthreads();
+    trace_mark(1);  // (the window counted)
     for (int64_t i = start + threadIdx.x; i <= last; i += kThreads) {
         const int32_t t = a.history[i];
         if (t < from || t >= to) continue;
