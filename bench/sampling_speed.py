@@ -4,7 +4,8 @@
 
 Session.generate after a 16-token prompt (recorded dispatch: chained steps, each drawn on the
 device), for each sampling setting below: greedy; a temperature alone, with top-p, with min-p (the
-whole-vocabulary draw); with top-k 40 (top-k's sorted walk); with top-k 2000 (4096 keys sorted);
+whole-vocabulary draw); with top-k 40 (top-k's sorted walk); with top-k 2000 (its 2000-odd
+candidates sorted); with top-k 5000 (past the sort: SampleWalk's last block bisects its candidates);
 with penalties. Each generation runs twice, 32 and 32 + --tokens tokens long (best of --reps
 each): tok/s is --tokens over the difference (what a token costs in the loop), "first" the rest of
 the short run's time (the prompt, the first token's draw on the host from the prompt's logits,
@@ -29,6 +30,7 @@ SETTINGS = {
     "T 0.8, min-p 0.05": dict(temperature=0.8, min_p=0.05),
     "T 0.8, top-k 40, top-p 0.9, min-p 0.05": dict(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05),
     "T 0.8, top-k 2000": dict(temperature=0.8, top_k=2000),
+    "T 0.8, top-k 5000": dict(temperature=0.8, top_k=5000),
     "T 0.8, repetition 1.1, last 64": dict(temperature=0.8, repetition_penalty=1.1, penalty_last_n=64),
 }
 

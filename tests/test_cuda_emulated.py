@@ -101,12 +101,15 @@ def test_sampler_kernel_draws_as_the_cpu_sampler(emulator, tmp_path, params):
                 assert got == want, f"{params} n={n} hard={hard} seed={s} step={step} (test seed {seed}): kernel {got}, CPU {want}"
 
 
-@pytest.mark.parametrize("params", [dict(temperature=0.8, top_p=0.9), dict(temperature=1.5, top_p=0.95, min_p=0.01)],
+@pytest.mark.parametrize("params", [dict(temperature=0.8, top_p=0.9), dict(temperature=1.5, top_p=0.95, min_p=0.01),
+                                    dict(temperature=1.0, top_k=5000, top_p=0.9), dict(temperature=0.8, top_k=30000, min_p=0.2)],
                          ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
 def test_sampler_kernel_draws_from_flat_logits_as_the_cpu_sampler(emulator, tmp_path, params):
     """Flat logits, a random-weight model's (128256 tokens, std 0.93): top-p's cut bucket and the
     draw's range then hold 33 to ~80 candidates at T 0.8 (~60 to 200 at 1.5), which SampleWalk's
-    first warp sorts and walks two or four a lane (up to 128; more take the block's path)."""
+    first warp sorts and walks two or four a lane (up to 128; more take the block's path). Top-k
+    past 4096: SampleWalk's last block bisects its candidates (every token from top-k's bucket up,
+    thousands more than k: that bucket is crowded), drawing from their k best."""
     seed = random.randrange(2**32)
     l = np.random.default_rng(seed).normal(4.3, 0.93, 128256).astype(np.float32)
     for s in range(1, 11):

@@ -245,7 +245,7 @@ public:
             total += round_up(static_cast<size_t>(widths[b] * plan_.max_tokens), 64);
         }
         arena_ = device_alloc<float>(total);
-        sample_scratch_ = device_alloc<double>(static_cast<size_t>(c_.n_vocab));
+        sample_scratch_ = device_alloc<double>(static_cast<size_t>(sample_scratch_words(static_cast<int32_t>(c_.n_vocab))));
         sample_best_ = device_alloc<unsigned long long>(2);
         ER_CUDA(cudaMemset(sample_best_.get(), 0, 2 * sizeof(unsigned long long)));
         sample_wide_ = device_alloc<WideState>(1);
@@ -611,7 +611,7 @@ private:
     DevicePtr<uint8_t> block_;                         // the device step block
     std::unique_ptr<StepBlock, FreeHost> host_block_;  // its pinned staging copy
     std::unique_ptr<float, FreeHost> logits_;
-    DevicePtr<double> sample_scratch_;  // the sampler's weights, n_vocab
+    DevicePtr<double> sample_scratch_;  // the sampler's candidates and search entries: sample_scratch_words
     DevicePtr<unsigned long long> sample_best_;  // the sampler's blocks' merged best, then their count
     DevicePtr<WideState> sample_wide_;           // the draw's histograms and counters
     // bias and penalties (made at the first step that has them): the logits after them, the

@@ -7,8 +7,8 @@
 // above logit θ" is a prefix of the contract's order (logit descending, then id ascending), so
 // top-k, top-p and the draw each become a search for where a count or a sum over that prefix
 // crosses its target, in two more kernels that spread the search over the GPU:
-//  - SampleMass sums every token into histograms of 65536 buckets (with top-k (up to
-//    4096) by the top 16 bits of its logit's key, and token counts; else by its distance below
+//  - SampleMass sums every token into histograms of 65536 buckets (with top-k by the top 16
+//    bits of its logit's key, and token counts; else by its distance below
 //    the largest logit, and its softmax weight in fixed point: every token's, and min-p's kept
 //    ones'). Its last block finds the buckets the cuts fall in.
 //  - SampleWalk collects the tokens of those buckets (with top-k: every token from top-k's bucket
@@ -18,9 +18,9 @@
 //    draw's ends come from prefix sums of fixed-point masses, over top-k's k best (walk_top_k)
 //    or, without top-k, over the cuts' buckets (walk_cuts).
 //  - Otherwise (top-k over 4096; more candidates than a block sorts, as with many equal logits)
-//    SampleWalk's last block searches alone: top-k (up to 1024) by a radix search of the counts
-//    (sample_top_k), else each cut by bisection over the logit keys and, among tokens tied at the
-//    key found, by rank in id order (draw_by_bisection).
+//    SampleWalk's last block searches alone, each cut by bisection over the logit keys and, among
+//    tokens tied at the key found, by rank in id order (draw_by_bisection): with top-k over its
+//    candidates (every token from top-k's bucket up), else over the whole vocabulary.
 // Equal logits are walked in id order, as the CPU sampler walks them.
 #include <cfloat>
 
@@ -113,7 +113,7 @@ __device__ __forceinline__ void emit(const SampleArgs& a, int32_t token) {
     if (a.out_host) __threadfence_system();
 }
 
-constexpr int kMaxCandidates = 1024;  // the tokens a block walks one a thread (walk_cuts, sample_top_k)
+constexpr int kMaxCandidates = 1024;  // the tokens a block walks one a thread (walk_cuts)
 constexpr int kMaxTopK = 4096;        // top-k's candidates a block sorts and walks (SampleWalk)
 constexpr int kWarpTopK = 64;         // top-k's candidates SampleWalk's first warp sorts and walks alone
 constexpr int kWarpCuts = 128;        // without top-k (four a lane: top-p on a flat 128k vocabulary has up to ~80)
@@ -310,101 +310,6 @@ __device__ int block_min(int mine, int none, int* first) {
     return *first;
 }
 
-// The largest key θ for which ok(θ) holds (ok non-increasing in θ, ok(0) true).
-template <typename F>
-__device__ uint32_t search(F ok) {
-    uint32_t lo = 0, hi = 0xFFFFFFFFu;
-    while (lo < hi) {
-        const uint32_t mid = lo + static_cast<uint32_t>((static_cast<uint64_t>(hi) - lo + 1) / 2);  // no wrap at 2^32
-        if (ok(mid)) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
-// Where the walk over the tokens at or above order key `floor`, in the contract's order, first
-// passes `pass` (a test on the running total of value(i), true of the whole walk's): the order
-// key of the token it passes at. One block; every thread gets it. A bisection finds that
-// token's logit key θ (the last key whose tokens at or above it pass); tokens tied at θ (equal
-// logits: equal values) are walked by count, and the one reached found by its rank in id order.
-template <typename Value, typename Pass>
-__device__ unsigned long long cut_by_bisection(const float* __restrict__ l, int32_t n, unsigned long long floor, Value value, Pass pass) {
-    __shared__ unsigned long long sums[kThreads / 32];
-    __shared__ unsigned long long found;
-    const auto total = [&](uint32_t th) {  // over the tokens at or above floor with key >= th
-        unsigned long long s = 0;
-        for (int i = threadIdx.x; i < n; i += kThreads) {
-            const uint32_t k = key(l[i]);
-            if (k >= th && order_key(k, i) >= floor) s += value(i);
-        }
-        return block_sum(s, sums);
-    };
-    const uint32_t th = search([&](uint32_t t) { return pass(total(t)); });
-    unsigned long long above = 0, tied = 0, tied_value = 0;
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-        const uint32_t k = key(l[i]);
-        if (k < th || order_key(k, i) < floor) continue;
-        if (k > th) above += value(i);
-        else ++tied, tied_value += value(i);
-    }
-    above = block_sum(above, sums);
-    tied = block_sum(tied, sums);
-    const unsigned long long v = block_sum(tied_value, sums) / max(tied, 1ull);
-    unsigned long long lo = 1, hi = tied;  // the tied tokens the walk takes: the fewest j that pass
-    while (lo < hi) {
-        const unsigned long long mid = (lo + hi) / 2;
-        if (pass(above + mid * v)) hi = mid;
-        else lo = mid + 1;
-    }
-    // the lo-th tied token by id: each thread counts those of its run of ids, then the one whose
-    // run holds it walks its run
-    const int run = (n + kThreads - 1) / kThreads, from = static_cast<int>(threadIdx.x) * run, to = min(n, from + run);
-    unsigned long long mine = 0;
-    for (int i = from; i < to; ++i) mine += key(l[i]) == th && order_key(th, i) >= floor;
-    const unsigned long long upto = block_scan(mine, sums);
-    if (upto >= lo && upto - mine < lo)
-        for (int i = from, r = static_cast<int>(upto - mine); i < to; ++i)
-            if (key(l[i]) == th && order_key(th, i) >= floor && ++r == static_cast<int>(lo)) found = order_key(th, i);
-    __syncthreads();
-    return found;
-}
-
-// The general draw in one block (thread 0's answer; every cut by cut_by_bisection, masses in fixed
-// point as SampleMass's), with q the scratch (n words: each token's mass, bit 63 set where min-p
-// keeps it). top: the greedy token, drawn where nothing has mass (no finite logit).
-__device__ int32_t draw_by_bisection(const float* __restrict__ l, int32_t n, const DeviceSampling& p, uint32_t u_bits, float mx,
-                                     int32_t top, unsigned long long* q) {
-    constexpr unsigned long long kKept = 1ull << 63;
-    __shared__ unsigned long long sums[kThreads / 32];
-    const double scale = mass_scale(n);
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-        const double w = weight(l[i], mx, p.temperature);
-        q[i] = fixed_mass(w, scale) | (w >= p.min_p && w > 0.0 ? kKept : 0ull);
-    }
-    __syncthreads();
-    const auto total = [&](unsigned long long floor, auto value) {
-        unsigned long long s = 0;
-        for (int i = threadIdx.x; i < n; i += kThreads)
-            if (order_key(key(l[i]), i) >= floor) s += value(i);
-        return block_sum(s, sums);
-    };
-    unsigned long long floor = 0;  // the order key the kept prefix ends at
-    if (p.top_k > 0 && p.top_k < n)
-        floor = cut_by_bisection(l, n, floor, [](int) { return 1ull; }, [&](unsigned long long c) { return c >= static_cast<unsigned long long>(p.top_k); });
-    const auto mass = [&](int i) { return q[i] & ~kKept; };
-    if (p.top_p < 1.0f) {
-        const unsigned long long z = total(floor, mass);
-        if (z == 0) return top;
-        const unsigned long long need = min(z, max(1ull, static_cast<unsigned long long>(ceil(static_cast<double>(p.top_p) * static_cast<double>(z)))));
-        floor = cut_by_bisection(l, n, floor, mass, [&](unsigned long long c) { return c >= need; });
-    }
-    const auto kept = [&](int i) { return q[i] & kKept ? q[i] & ~kKept : 0ull; };
-    const unsigned long long s = total(floor, kept);
-    if (s == 0) return top;
-    const unsigned long long target = draw_target(u_bits, s);
-    return order_id(cut_by_bisection(l, n, floor, kept, [&](unsigned long long c) { return c > target; }));
-}
-
 static_assert(kMaxTopK <= 4 * kThreads, "SampleWalk sorts up to 4 keys a thread");
 __device__ __forceinline__ int pow2_at_least(int x) { return x <= 1 ? 1 : 1 << (32 - __clz(x - 1)); }
 
@@ -525,24 +430,119 @@ __device__ uint32_t kth_largest_key(int k, Each each, int* at_least, uint32_t pr
     return prefix;
 }
 
-// top-k with k <= kMaxCandidates in one block: the k-th largest key θ (kth_largest_key over the
-// logits), the tokens at or above θ sorted in shared memory (logit descending, id ascending: a
-// bitonic sort of key << 32 | ~id), and the first k walked (walk_top_k). Returns the token, or -1
-// when ties at θ make more candidates than fit (the caller then takes the general path).
-__device__ int32_t sample_top_k(const float* __restrict__ l, int32_t n, const DeviceSampling& p, uint32_t u_bits, float mx) {
-    __shared__ int n_cand;
-    __shared__ unsigned long long cand[kMaxCandidates];
-    int count;
-    const auto each = [&](auto f) { for_each_logit(l, n, [&](float v, int, bool valid) { f(key(v), valid); }); };
-    const uint32_t theta = kth_largest_key(p.top_k, each, &count);
-    if (count > kMaxCandidates) return -1;
-    if (threadIdx.x == 0) n_cand = 0;
+// The one-block search (SampleWalk's last block, where the histograms' buckets leave it more
+// candidates than it sorts): each token an entry, written once into the scratch and read back in
+// one 16-byte load.
+struct alignas(16) Entry {
+    unsigned long long order;  // its order key
+    unsigned long long mass;   // its fixed-point mass, bit 63 set where min-p keeps it
+};
+constexpr unsigned long long kKept = 1ull << 63;
+
+// The largest key θ in [lo, hi] for which ok(θ) holds (ok non-increasing in θ, ok(lo) true).
+template <typename F>
+__device__ uint32_t search(uint32_t lo, uint32_t hi, F ok) {
+    while (lo < hi) {
+        const uint32_t mid = lo + static_cast<uint32_t>((static_cast<uint64_t>(hi) - lo + 1) / 2);  // no wrap at 2^32
+        if (ok(mid)) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Where the walk over the entries at or above order key `floor`, in the contract's order, first
+// passes `pass` (a test on the running total of value(mass word), true of the whole walk's): the
+// order key of the token it passes at. One block; every thread gets it. A bisection between the
+// floor's key and the largest, top, finds that token's logit key θ (the last key whose tokens at
+// or above it pass); tokens tied at θ (equal logits: equal values) are walked by count, and the
+// one reached is found by its rank in id order (kth_largest_key of their reversed ids).
+template <typename Value, typename Pass>
+__device__ unsigned long long cut_by_bisection(const Entry* e, int count, uint32_t top, unsigned long long floor, Value value,
+                                               Pass pass) {
+    __shared__ unsigned long long sums[kThreads / 32];
+    const auto total = [&](uint32_t th) {  // over the entries at or above floor with key >= th
+        unsigned long long s = 0;
+        for (int i = threadIdx.x; i < count; i += kThreads) {
+            const Entry t = e[i];
+            if (static_cast<uint32_t>(t.order >> 32) >= th && t.order >= floor) s += value(t.mass);
+        }
+        return block_sum(s, sums);
+    };
+    const uint32_t th = search(static_cast<uint32_t>(floor >> 32), top, [&](uint32_t t) { return pass(total(t)); });
+    unsigned long long above = 0, tied = 0, tied_value = 0;
+    for (int i = threadIdx.x; i < count; i += kThreads) {
+        const Entry t = e[i];
+        const uint32_t k = static_cast<uint32_t>(t.order >> 32);
+        if (k < th || t.order < floor) continue;
+        if (k > th) above += value(t.mass);
+        else ++tied, tied_value += value(t.mass);
+    }
+    above = block_sum(above, sums);
+    tied = block_sum(tied, sums);
+    const unsigned long long v = block_sum(tied_value, sums) / max(tied, 1ull);
+    unsigned long long lo = 1, hi = tied;  // the tied tokens the walk takes: the fewest j that pass
+    while (lo < hi) {
+        const unsigned long long mid = (lo + hi) / 2;
+        if (pass(above + mid * v)) hi = mid;
+        else lo = mid + 1;
+    }
+    // the lo-th tied token in id order: the lo-th largest of their reversed ids (order keys' low halves)
+    int at_least;
+    const uint32_t reversed_id = kth_largest_key(static_cast<int>(lo), [&](auto f) {
+        for (int base = 0; base < count; base += kThreads) {
+            const int i = base + static_cast<int>(threadIdx.x);
+            const Entry t = i < count ? e[i] : Entry{0ull, 0ull};
+            f(static_cast<uint32_t>(t.order), i < count && static_cast<uint32_t>(t.order >> 32) == th && t.order >= floor);
+        }
+    }, &at_least);
+    return static_cast<unsigned long long>(th) << 32 | reversed_id;
+}
+
+// The general draw in one block over `count` tokens: SampleWalk's candidates (cand: order keys of
+// every token from top-k's bucket up, the k best among them), or else the vocabulary's logits
+// (l). Each token's entry into e (count of them, 16-byte aligned scratch), then every cut by
+// cut_by_bisection (masses in fixed point as SampleMass's). Thread 0's answer; top (the greedy
+// token) where nothing has mass (no finite logit). Out of line, its arguments plain values: the
+// rare path's registers and stack stay out of SampleWalk's common ones.
+__device__ __noinline__ int32_t draw_by_bisection(const unsigned long long* cand, const float* l, int count, DeviceSampling p,
+                                                  uint32_t u_bits, float mx, int32_t top, Entry* e) {
+    __shared__ unsigned long long sums[kThreads / 32];
+    __shared__ unsigned top_key;
+    const double scale = mass_scale(count);
+    if (threadIdx.x == 0) top_key = 0;
     __syncthreads();
-    for_each_logit(l, n, [&](float v, int i, bool valid) {
-        if (valid && key(v) >= theta) cand[atomicAdd(&n_cand, 1)] = order_key(key(v), i);
-    });
-    sort_descending(cand, count);
-    return walk_top_k(cand, p, u_bits, mx);
+    unsigned mine = 0;
+    for (int i = threadIdx.x; i < count; i += kThreads) {
+        const unsigned long long o = cand ? __ldcg(cand + i) : order_key(key(l[i]), i);
+        const double w = weight(order_logit(o), mx, p.temperature);
+        e[i] = Entry{o, fixed_mass(w, scale) | (w >= p.min_p && w > 0.0 ? kKept : 0ull)};
+        mine = max(mine, static_cast<unsigned>(o >> 32));
+    }
+    atomicMax(&top_key, mine);
+    __syncthreads();
+    const uint32_t top_k = top_key;  // (the largest key: every cut at or below it)
+    const auto total = [&](unsigned long long floor, auto value) {
+        unsigned long long s = 0;
+        for (int i = threadIdx.x; i < count; i += kThreads)
+            if (e[i].order >= floor) s += value(e[i].mass);
+        return block_sum(s, sums);
+    };
+    unsigned long long floor = 0;  // the order key the kept prefix ends at
+    if (p.top_k > 0 && p.top_k < count)
+        floor = cut_by_bisection(e, count, top_k, floor, [](unsigned long long) { return 1ull; },
+                                 [&](unsigned long long c) { return c >= static_cast<unsigned long long>(p.top_k); });
+    const auto mass = [](unsigned long long y) { return y & ~kKept; };
+    if (p.top_p < 1.0f) {
+        const unsigned long long z = total(floor, mass);
+        if (z == 0) return top;
+        const unsigned long long need = min(z, max(1ull, static_cast<unsigned long long>(ceil(static_cast<double>(p.top_p) * static_cast<double>(z)))));
+        floor = cut_by_bisection(e, count, top_k, floor, mass, [&](unsigned long long c) { return c >= need; });
+    }
+    const auto kept = [](unsigned long long y) { return y & kKept ? y & ~kKept : 0ull; };
+    const unsigned long long s = total(floor, kept);
+    if (s == 0) return top;
+    const unsigned long long target = draw_target(u_bits, s);
+    return order_id(cut_by_bisection(e, count, top_k, floor, kept, [&](unsigned long long c) { return c > target; }));
 }
 
 // top-k's candidates (src(i), i < count: order keys of every token from the cut's bucket up)
@@ -681,13 +681,12 @@ struct CoarseParts {
 
 // What the histograms hold for a step: with top-k, token counts (histogram 0); else masses, every
 // token's (0: top-p's) and the kept tokens' (1: the draw's; histogram 0 serves where min-p is off,
-// as tokens with w = 0 weigh 0). top_k > kMaxTopK: nothing (the last block bisects).
+// as tokens with w = 0 weigh 0).
 struct MassUse {
-    bool top_k, counts, all, kept;
+    bool top_k, all, kept;
     __device__ MassUse(const DeviceSampling& p, int32_t n)
         : top_k(p.top_k > 0 && p.top_k < n),
-          counts(top_k && p.top_k <= kMaxTopK),
-          all(counts || (!top_k && (p.top_p < 1.0f || p.min_p <= 0.0f))),
+          all(top_k || p.top_p < 1.0f || p.min_p <= 0.0f),
           kept(!top_k && p.min_p > 0.0f) {}
 };
 
@@ -805,13 +804,12 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     const float mx = st.mx;
     const double scale = mass_scale(n), t = p.temperature, min_w = p.min_p;
     const MassUse use(p, n);
-    if (use.top_k && !use.counts) return;
     const int lane = static_cast<int>(threadIdx.x % 32);
     __shared__ CoarseParts coarse[2];
     __shared__ bool last;
     coarse[0].zero(), coarse[1].zero();
     __syncthreads();
-    if (use.counts) count_top_k(a.logits + from, min(kSpan, n - from), n, p.top_k, st.fine[0], coarse[0]);
+    if (use.top_k) count_top_k(a.logits + from, min(kSpan, n - from), n, p.top_k, st.fine[0], coarse[0]);
     else for_each_logit<1, false>(a.logits + from, min(kSpan, n - from), [&](float v, int, bool valid) {
         if (!valid) return;
         const double d = distance(v, mx, t), w = weight_at(d);
@@ -836,7 +834,7 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     for (int o = 16; o > 0; o /= 2)
         total = total + Mass{__shfl_xor_sync(kFull, total.all, o), __shfl_xor_sync(kFull, total.kept, o)};
     trace_mark(1);  // (the last block: the totals read; then the cuts)
-    if (use.counts) {  // top-k: the first bucket where the count walked reaches k; every token from it up
+    if (use.top_k) {  // top-k: the first bucket where the count walked reaches k; every token from it up
         if (second) return;
         const Cut c = find_cut(st, use, coarse_level, [&](const Mass& m) { return m.all >= static_cast<unsigned long long>(p.top_k); });
         if (lane == 0) st.cuts.cut_p = -1, st.cuts.draw_hi = c.bucket >= 0 ? 65535 : -1, st.cuts.draw_lo = c.bucket, st.done = 0;
@@ -939,8 +937,10 @@ __device__ void zero_share(unsigned long long* h) {
 
 // The tokens of the cuts' buckets collected (their order keys, into the scratch), then in the
 // last block sorted and walked (walk_top_k, walk_cuts; top-k's first cut to the k best where they
-// would pad the sort past k's power of two, or overflow it). More candidates than one block sorts
-// (many equal logits), or top-k over 4096: sample_top_k (k up to 1024), draw_by_bisection.
+// would pad the sort past k's power of two, or overflow it). More candidates than one block sorts:
+// with top-k (k over 4096, or many equal logits) the last block bisects the candidates, whose k
+// best it draws from; without (many equal logits in the cuts' buckets), the whole vocabulary
+// (draw_by_bisection).
 __device__ void SampleWalk::run(const SampleArgs& a) {
     allow_next();
     const DeviceSampling p = *a.params;
@@ -950,22 +950,20 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     if (!st.active) return;
     const int32_t n = a.n_vocab, from = static_cast<int32_t>(blockIdx.x) * kSpan;
     const MassUse use(p, n);
-    const bool bisect = use.top_k && !use.counts;  // (SampleMass left no plan)
-    const int32_t cut_p = st.cuts.cut_p, lo = st.cuts.draw_lo, hi = bisect || lo < 0 ? -1 : st.cuts.draw_hi;
+    const int32_t cut_p = st.cuts.cut_p, lo = st.cuts.draw_lo, hi = lo < 0 ? -1 : st.cuts.draw_hi;
     const float mx = st.mx;
     unsigned long long* cand = reinterpret_cast<unsigned long long*>(a.scratch);
     __shared__ bool last;
     __shared__ unsigned n_cand;
-    if (!bisect) {  // the histograms zeroed for the next step (SampleMass read them): the block's share
-        if (use.all) zero_share(st.fine[0]);
-        if (use.kept) zero_share(st.fine[1]);
-        if (blockIdx.x == 0)
-            for (int i = threadIdx.x; i < 2 * 256; i += kThreads) st.coarse[i / 256][i % 256] = 0;
-    }
+    // the histograms zeroed for the next step (SampleMass read them): the block's share
+    if (use.all) zero_share(st.fine[0]);
+    if (use.kept) zero_share(st.fine[1]);
+    if (blockIdx.x == 0)
+        for (int i = threadIdx.x; i < 2 * 256; i += kThreads) st.coarse[i / 256][i % 256] = 0;
     for_each_logit<1, false>(a.logits + from, min(kSpan, n - from), [&](float v, int i, bool valid) {
-        if (!valid || bisect) return;
+        if (!valid) return;
         const uint32_t k = key(v);
-        const int32_t f = use.counts ? bucket_of_key(k) : bucket_at(distance(v, mx, p.temperature));
+        const int32_t f = use.top_k ? bucket_of_key(k) : bucket_at(distance(v, mx, p.temperature));
         if (hi >= 0 && (f == cut_p || (f <= hi && f >= lo))) cand[static_cast<uint32_t>(atomicAdd(&st.walk, 1ull))] = order_key(k, from + i);
     });
     __threadfence();
@@ -989,7 +987,7 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     __shared__ unsigned long long sorted[kMaxTopK];
     // top-k: candidates that would pad the sort past k's power of two cut to the k best (and ties)
     const int most = use.top_k ? kMaxTopK : kMaxCandidates;  // (the candidates a sort here takes)
-    const bool trim = use.top_k && hi >= 0 && count > kThreads && pow2_at_least(count) > pow2_at_least(p.top_k);
+    const bool trim = use.top_k && p.top_k <= kMaxTopK && hi >= 0 && count > kThreads && pow2_at_least(count) > pow2_at_least(p.top_k);
     if (hi >= 0 && count <= (use.top_k ? kWarpTopK : kWarpCuts)) {  // few: the first warp alone sorts and walks them
         __shared__ int32_t drawn;
         if (threadIdx.x < 32) {
@@ -1024,8 +1022,11 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
             else token = walk_top_k<kThreads, 4>(sorted, p, u_bits, mx);
         }
     }
-    if (token < 0 && use.counts && p.top_k <= kMaxCandidates) token = sample_top_k(a.logits, n, p, u_bits, mx);
-    if (token < 0) token = draw_by_bisection(a.logits, n, p, u_bits, mx, top, cand);
+    // the one-block search: over top-k's candidates (their entries after them), else every token
+    // (16-byte aligned entries: the scratch holds sample_scratch_words(n))
+    Entry* entries = reinterpret_cast<Entry*>(a.scratch + (use.top_k ? n + (n & 1) : 0));
+    if (token < 0 && use.top_k && hi >= 0) token = draw_by_bisection(cand, nullptr, static_cast<int>(n_cand), p, u_bits, mx, top, entries);
+    if (token < 0) token = draw_by_bisection(nullptr, a.logits, n, p, u_bits, mx, top, entries);
     if (threadIdx.x == 0) {
         st.active = 0;
         emit(a, token);

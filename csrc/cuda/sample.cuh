@@ -90,7 +90,7 @@ struct SampleArgs {
     int32_t n_vocab;
     const DeviceSampling* params;  // device: the step block's (a replayed step reads new values)
     const uint64_t* step;          // device: the RNG counter
-    double* scratch;               // n_vocab doubles (or 8-byte words)
+    double* scratch;               // sample_scratch_words(n_vocab) 8-byte words
     unsigned long long* best;      // device, zero: the blocks' merged best (one word)
     unsigned* done;                // device, zero: the blocks that have merged theirs (both reset by the last)
     int32_t* out;                  // the drawn token, -1 where no logit is finite (device memory, or pinned host memory: out_host)
@@ -111,5 +111,8 @@ struct SampleLaunches {
     int count = 0;
 };
 SampleLaunches sample(const SampleArgs& a);
+// The scratch the sampler needs: SampleWalk's candidates (up to n_vocab order keys), then its
+// one-block search's entries (two words a token), 16-byte aligned.
+inline int64_t sample_scratch_words(int32_t n_vocab) { return 3 * static_cast<int64_t>(n_vocab) + 1; }
 
 }  // namespace edgerunner::cuda

@@ -151,7 +151,7 @@ int cmd_sample(const std::string& logits_path, const Options& o) {
         cuda::device_sampling(p, static_cast<int32_t>(bias.size())), -1};
     std::vector<float> penalized(static_cast<size_t>(n), std::nanf(""));
     std::vector<int32_t> counts(static_cast<size_t>(n), 0);
-    std::vector<double> scratch(static_cast<size_t>(n));
+    std::vector<double> scratch(static_cast<size_t>(cuda::sample_scratch_words(n)));
     unsigned long long best[2] = {0, 0};
     const float* l = logits.data();
     if (!bias.empty() || penalties_on(p)) {
