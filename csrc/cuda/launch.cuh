@@ -35,6 +35,14 @@
 
 #include "trace.cuh"
 
+// A device function kept out of line (a kernel's rare path, whose registers would crowd its
+// common one); the emulator's compiler decides for itself.
+#ifndef ER_CUDA_EMULATOR
+#define ER_NOINLINE __noinline__
+#else
+#define ER_NOINLINE
+#endif
+
 namespace edgerunner::cuda {
 
 __device__ __forceinline__ void wait_inputs() {

@@ -453,12 +453,13 @@ __device__ uint32_t search(uint32_t lo, uint32_t hi, F ok) {
 // Where the walk over the entries at or above order key `floor`, in the contract's order, first
 // passes `pass` (a test on the running total of value(mass word), true of the whole walk's): the
 // order key of the token it passes at. One block; every thread gets it. A bisection between the
-// floor's key and the largest, top, finds that token's logit key θ (the last key whose tokens at
-// or above it pass); tokens tied at θ (equal logits: equal values) are walked by count, and the
-// one reached is found by its rank in id order (kth_largest_key of their reversed ids).
+// floor's key (or the lowest, bottom) and the largest, top, finds that token's logit key θ (the
+// last key whose tokens at or above it pass); tokens tied at θ (equal logits: equal values) are
+// walked by count, and the one reached is found by its rank in id order (kth_largest_key of their
+// reversed ids).
 template <typename Value, typename Pass>
-__device__ unsigned long long cut_by_bisection(const Entry* e, int count, uint32_t top, unsigned long long floor, Value value,
-                                               Pass pass) {
+__device__ unsigned long long cut_by_bisection(const Entry* e, int count, uint32_t bottom, uint32_t top, unsigned long long floor,
+                                               Value value, Pass pass) {
     __shared__ unsigned long long sums[kThreads / 32];
     const auto total = [&](uint32_t th) {  // over the entries at or above floor with key >= th
         unsigned long long s = 0;
@@ -468,7 +469,7 @@ __device__ unsigned long long cut_by_bisection(const Entry* e, int count, uint32
         }
         return block_sum(s, sums);
     };
-    const uint32_t th = search(static_cast<uint32_t>(floor >> 32), top, [&](uint32_t t) { return pass(total(t)); });
+    const uint32_t th = search(max(bottom, static_cast<uint32_t>(floor >> 32)), top, [&](uint32_t t) { return pass(total(t)); });
     unsigned long long above = 0, tied = 0, tied_value = 0;
     for (int i = threadIdx.x; i < count; i += kThreads) {
         const Entry t = e[i];
@@ -504,23 +505,25 @@ __device__ unsigned long long cut_by_bisection(const Entry* e, int count, uint32
 // cut_by_bisection (masses in fixed point as SampleMass's). Thread 0's answer; top (the greedy
 // token) where nothing has mass (no finite logit). Out of line, its arguments plain values: the
 // rare path's registers and stack stay out of SampleWalk's common ones.
-__device__ __noinline__ int32_t draw_by_bisection(const unsigned long long* cand, const float* l, int count, DeviceSampling p,
-                                                  uint32_t u_bits, float mx, int32_t top, Entry* e) {
+__device__ ER_NOINLINE int32_t draw_by_bisection(const unsigned long long* cand, const float* l, int count, DeviceSampling p,
+                                                 uint32_t u_bits, float mx, int32_t top, Entry* e) {
     __shared__ unsigned long long sums[kThreads / 32];
-    __shared__ unsigned top_key;
+    __shared__ unsigned top_key, bottom_key;
     const double scale = mass_scale(count);
-    if (threadIdx.x == 0) top_key = 0;
+    if (threadIdx.x == 0) top_key = 0, bottom_key = 0xFFFFFFFFu;
     __syncthreads();
-    unsigned mine = 0;
+    unsigned highest = 0, lowest = 0xFFFFFFFFu;
     for (int i = threadIdx.x; i < count; i += kThreads) {
         const unsigned long long o = cand ? __ldcg(cand + i) : order_key(key(l[i]), i);
         const double w = weight(order_logit(o), mx, p.temperature);
         e[i] = Entry{o, fixed_mass(w, scale) | (w >= p.min_p && w > 0.0 ? kKept : 0ull)};
-        mine = max(mine, static_cast<unsigned>(o >> 32));
+        highest = max(highest, static_cast<unsigned>(o >> 32));
+        lowest = min(lowest, static_cast<unsigned>(o >> 32));
     }
-    atomicMax(&top_key, mine);
+    atomicMax(&top_key, highest);
+    atomicMin(&bottom_key, lowest);
     __syncthreads();
-    const uint32_t top_k = top_key;  // (the largest key: every cut at or below it)
+    const uint32_t lo_key = bottom_key, hi_key = top_key;  // (every cut between them)
     const auto total = [&](unsigned long long floor, auto value) {
         unsigned long long s = 0;
         for (int i = threadIdx.x; i < count; i += kThreads)
@@ -529,20 +532,20 @@ __device__ __noinline__ int32_t draw_by_bisection(const unsigned long long* cand
     };
     unsigned long long floor = 0;  // the order key the kept prefix ends at
     if (p.top_k > 0 && p.top_k < count)
-        floor = cut_by_bisection(e, count, top_k, floor, [](unsigned long long) { return 1ull; },
+        floor = cut_by_bisection(e, count, lo_key, hi_key, floor, [](unsigned long long) { return 1ull; },
                                  [&](unsigned long long c) { return c >= static_cast<unsigned long long>(p.top_k); });
     const auto mass = [](unsigned long long y) { return y & ~kKept; };
     if (p.top_p < 1.0f) {
         const unsigned long long z = total(floor, mass);
         if (z == 0) return top;
         const unsigned long long need = min(z, max(1ull, static_cast<unsigned long long>(ceil(static_cast<double>(p.top_p) * static_cast<double>(z)))));
-        floor = cut_by_bisection(e, count, top_k, floor, mass, [&](unsigned long long c) { return c >= need; });
+        floor = cut_by_bisection(e, count, lo_key, hi_key, floor, mass, [&](unsigned long long c) { return c >= need; });
     }
     const auto kept = [](unsigned long long y) { return y & kKept ? y & ~kKept : 0ull; };
     const unsigned long long s = total(floor, kept);
     if (s == 0) return top;
     const unsigned long long target = draw_target(u_bits, s);
-    return order_id(cut_by_bisection(e, count, top_k, floor, kept, [&](unsigned long long c) { return c > target; }));
+    return order_id(cut_by_bisection(e, count, lo_key, hi_key, floor, kept, [&](unsigned long long c) { return c > target; }));
 }
 
 // top-k's candidates (src(i), i < count: order keys of every token from the cut's bucket up)
