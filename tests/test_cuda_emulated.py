@@ -139,8 +139,8 @@ def test_sampler_kernel_draws_only_infinite_logits_where_there_are_some(emulator
 
 
 # the cuts of these land inside groups of equal logits: top-p's and the draw's (their candidates
-# then overflow into the bisection), top-k's past 1024 (more candidates than a block sorts: the
-# bisection) and within 1024 (the one-block radix search)
+# then overflow into the bisection of every token), top-k's past 1024 and within it (ties past the
+# 4096 candidates a block sorts: the bisection of top-k's candidates)
 TIES = [dict(temperature=1.0), dict(temperature=0.9, top_p=0.5), dict(temperature=1.2, top_p=0.9, min_p=0.5),
         dict(temperature=1.0, top_k=1500, top_p=0.8), dict(temperature=1.0, top_k=600)]
 
