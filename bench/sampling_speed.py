@@ -5,7 +5,7 @@
 Session.generate after a 16-token prompt (recorded dispatch: chained steps, each drawn on the
 device), for each sampling setting below: greedy; a temperature alone, with top-p, with min-p (the
 whole-vocabulary draw); with top-k 40 (top-k's sorted walk); with top-k 2000 (its 2000-odd
-candidates sorted); with top-k 5000 (past the sort: SampleWalk's last block searches its candidates);
+candidates sorted); with top-k 5000 (past the sort: SampleWalk's last block bisects its candidates);
 with penalties. Each generation runs twice, 32 and 32 + --tokens tokens long (best of --reps
 each): tok/s is --tokens over the difference (what a token costs in the loop), "first" the rest of
 the short run's time (the prompt, the first token's draw on the host from the prompt's logits,

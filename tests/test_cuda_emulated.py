@@ -72,9 +72,9 @@ def draw(emulator, tmp_path, logits, params, *, history=None, step=0, penalized=
 
 # greedy; temperature alone; top-k of up to 4096 candidates (counted into histograms, the candidates
 # sorted: one a thread up to 1024, several past it; k = 4000 leaves room for the rest of its bucket,
-# where k = 4096 would overflow into the one-block search nearly always) with top-p and min-p, or with a
+# where k = 4096 would overflow into the bisection nearly always) with top-p and min-p, or with a
 # min-p that ends the walk (on a warp: k <= 64; on the block); k = 4097 (SampleWalk's last block
-# searches its candidates); top-p, min-p, both, and a top-k past the vocabulary (masses into histograms)
+# bisects); top-p, min-p, both, and a top-k past the vocabulary (masses into histograms)
 SAMPLING = [dict(), dict(temperature=0.8), dict(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05),
             dict(temperature=1.5, top_k=50, min_p=0.3), dict(temperature=2.0, top_k=300, min_p=0.2), dict(temperature=0.7, top_k=1024),
             dict(temperature=1.2, top_k=1025), dict(temperature=0.9, top_k=4000, top_p=0.9), dict(temperature=1.0, top_k=4097),
@@ -108,7 +108,7 @@ def test_sampler_kernel_draws_from_flat_logits_as_the_cpu_sampler(emulator, tmp_
     """Flat logits, a random-weight model's (128256 tokens, std 0.93): top-p's cut bucket and the
     draw's range then hold 33 to ~80 candidates at T 0.8 (~60 to 200 at 1.5), which SampleWalk's
     first warp sorts and walks two or four a lane (up to 128; more take the block's path). Top-k
-    past 4096: SampleWalk's last block searches its candidates (every token from top-k's bucket up,
+    past 4096: SampleWalk's last block bisects its candidates (every token from top-k's bucket up,
     thousands more than k: that bucket is crowded), drawing from their k best."""
     seed = random.randrange(2**32)
     l = np.random.default_rng(seed).normal(4.3, 0.93, 128256).astype(np.float32)
@@ -125,7 +125,7 @@ def test_sampler_kernel_draws_from_flat_logits_as_the_cpu_sampler(emulator, tmp_
 def test_sampler_kernel_draws_only_infinite_logits_where_there_are_some(emulator, tmp_path, params):
     """+inf logits (an overflow, or a logit bias of +inf that forces a token): each weighs 1 and
     every other token 0 (a logit equal to the max is at distance 0, not inf - inf = NaN), on the
-    kernels as on the CPU; top-k 5000 takes the one-block search."""
+    kernels as on the CPU; top-k 5000 takes the bisection."""
     rng = np.random.default_rng(4)
     n = 40000
     l = rng.normal(0, 4, n).astype(np.float32)
@@ -139,8 +139,8 @@ def test_sampler_kernel_draws_only_infinite_logits_where_there_are_some(emulator
 
 
 # the cuts of these land inside groups of equal logits: top-p's and the draw's (their candidates
-# then overflow into the one-block search of every token), top-k's past 1024 and within it (ties past the
-# 4096 candidates a block sorts: the one-block search of top-k's candidates)
+# then overflow into the bisection of every token), top-k's past 1024 and within it (ties past the
+# 4096 candidates a block sorts: the bisection of top-k's candidates)
 TIES = [dict(temperature=1.0), dict(temperature=0.9, top_p=0.5), dict(temperature=1.2, top_p=0.9, min_p=0.5),
         dict(temperature=1.0, top_k=1500, top_p=0.8), dict(temperature=1.0, top_k=600)]
 

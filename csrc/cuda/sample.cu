@@ -18,9 +18,9 @@
 //    draw's ends come from prefix sums of fixed-point masses, over top-k's k best (walk_top_k)
 //    or, without top-k, over the cuts' buckets (walk_cuts).
 //  - Otherwise (top-k over 4096; more candidates than a block sorts, as with many equal logits)
-//    SampleWalk's last block searches alone, each cut by a search of the logit keys (sixteen a
-//    pass) and, among tokens tied at the key found, by rank in id order (draw_by_search): with
-//    top-k over its candidates (every token from top-k's bucket up), else over the whole vocabulary.
+//    SampleWalk's last block searches alone, each cut by bisection over the logit keys and, among
+//    tokens tied at the key found, by rank in id order (draw_by_bisection): with top-k over its
+//    candidates (every token from top-k's bucket up), else over the whole vocabulary.
 // Equal logits are walked in id order, as the CPU sampler walks them.
 #include <cfloat>
 
@@ -432,7 +432,7 @@ __device__ uint32_t kth_largest_key(int k, Each each, int* at_least, uint32_t pr
 
 // The one-block search (SampleWalk's last block, where the histograms' buckets leave it more
 // candidates than it sorts): each token an entry, written once into the scratch and read back in
-// one 16-byte load, every cut searched over them (cut_by_search, draw_by_search).
+// one 16-byte load.
 struct alignas(16) Entry {
     unsigned long long order;  // its order key
     unsigned long long mass;   // its fixed-point mass, bit 63 set where min-p keeps it
@@ -449,6 +449,7 @@ using SearchWays = unsigned long long[kThreads / 32 + 1][kWays + 1];  // each wa
 template <typename Value, typename Pass>
 __device__ uint32_t search_key(const Entry* e, int count, uint32_t lo, uint32_t hi, unsigned long long floor, Value value, Pass pass,
                                SearchWays& ways) {
+    unsigned long long(&part)[kThreads / 32 + 1][kWays + 1] = ways;
     unsigned long long* sum = ways[kThreads / 32];
     const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
     while (lo < hi) {
@@ -470,11 +471,11 @@ __device__ uint32_t search_key(const Entry* e, int count, uint32_t lo, uint32_t 
         __syncthreads();  // (the last pass's sums read)
         if (lane == 0)
 #pragma unroll
-            for (int r = 0; r <= kWays; ++r) ways[warp][r] = h[r];
+            for (int r = 0; r <= kWays; ++r) part[warp][r] = h[r];
         __syncthreads();
         if (threadIdx.x <= kWays) {
             unsigned long long s = 0;
-            for (int w = 0; w < kThreads / 32; ++w) s += ways[w][threadIdx.x];
+            for (int w = 0; w < kThreads / 32; ++w) s += part[w][threadIdx.x];
             sum[threadIdx.x] = s;
         }
         __syncthreads();
@@ -499,7 +500,7 @@ __device__ uint32_t search_key(const Entry* e, int count, uint32_t lo, uint32_t 
 // walked by count, and the one reached is found by its rank in id order (kth_largest_key of their
 // reversed ids).
 template <typename Value, typename Pass>
-__device__ unsigned long long cut_by_search(const Entry* e, int count, uint32_t bottom, uint32_t top, unsigned long long floor,
+__device__ unsigned long long cut_by_bisection(const Entry* e, int count, uint32_t bottom, uint32_t top, unsigned long long floor,
                                                Value value, Pass pass, SearchWays& ways) {
     __shared__ unsigned long long sums[kThreads / 32];
     const uint32_t th = search_key(e, count, max(bottom, static_cast<uint32_t>(floor >> 32)), top, floor, value, pass, ways);
@@ -535,10 +536,10 @@ __device__ unsigned long long cut_by_search(const Entry* e, int count, uint32_t 
 // The general draw in one block over `count` tokens: SampleWalk's candidates (cand: order keys of
 // every token from top-k's bucket up, the k best among them), or else the vocabulary's logits
 // (l). Each token's entry into e (count of them, 16-byte aligned scratch), then every cut by
-// cut_by_search (masses in fixed point as SampleMass's). Thread 0's answer; top (the greedy
+// cut_by_bisection (masses in fixed point as SampleMass's). Thread 0's answer; top (the greedy
 // token) where nothing has mass (no finite logit). Out of line, its arguments plain values: the
 // rare path's registers and stack stay out of SampleWalk's common ones.
-__device__ ER_NOINLINE int32_t draw_by_search(const unsigned long long* cand, const float* l, int count, DeviceSampling p,
+__device__ ER_NOINLINE int32_t draw_by_bisection(const unsigned long long* cand, const float* l, int count, DeviceSampling p,
                                                  uint32_t u_bits, float mx, int32_t top, Entry* e) {
     __shared__ unsigned long long sums[kThreads / 32];
     __shared__ unsigned top_key, bottom_key;
@@ -566,20 +567,20 @@ __device__ ER_NOINLINE int32_t draw_by_search(const unsigned long long* cand, co
     };
     unsigned long long floor = 0;  // the order key the kept prefix ends at
     if (p.top_k > 0 && p.top_k < count)
-        floor = cut_by_search(e, count, lo_key, hi_key, floor, [](unsigned long long) { return 1ull; },
+        floor = cut_by_bisection(e, count, lo_key, hi_key, floor, [](unsigned long long) { return 1ull; },
                                  [&](unsigned long long c) { return c >= static_cast<unsigned long long>(p.top_k); }, ways);
     const auto mass = [](unsigned long long y) { return y & ~kKept; };
     if (p.top_p < 1.0f) {
         const unsigned long long z = total(floor, mass);
         if (z == 0) return top;
         const unsigned long long need = min(z, max(1ull, static_cast<unsigned long long>(ceil(static_cast<double>(p.top_p) * static_cast<double>(z)))));
-        floor = cut_by_search(e, count, lo_key, hi_key, floor, mass, [&](unsigned long long c) { return c >= need; }, ways);
+        floor = cut_by_bisection(e, count, lo_key, hi_key, floor, mass, [&](unsigned long long c) { return c >= need; }, ways);
     }
     const auto kept = [](unsigned long long y) { return y & kKept ? y & ~kKept : 0ull; };
     const unsigned long long s = total(floor, kept);
     if (s == 0) return top;
     const unsigned long long target = draw_target(u_bits, s);
-    return order_id(cut_by_search(e, count, lo_key, hi_key, floor, kept, [&](unsigned long long c) { return c > target; }, ways));
+    return order_id(cut_by_bisection(e, count, lo_key, hi_key, floor, kept, [&](unsigned long long c) { return c > target; }, ways));
 }
 
 // top-k's candidates (src(i), i < count: order keys of every token from the cut's bucket up)
@@ -904,7 +905,7 @@ __device__ void SampleMass::run(const SampleArgs& a) {
     st.cuts.need = need;
     st.cuts.all_above_p = above_p.all;
     st.cuts.kept_above_p = above_p.kept;
-    st.cuts.draw_hi = bucket;  // (-1 here or in draw_lo: SampleWalk collects nothing, and searches every token)
+    st.cuts.draw_hi = bucket;  // (-1 here or in draw_lo: SampleWalk collects nothing, and bisects)
     if (s_lo == s_hi) st.cuts.draw_lo = bucket;
     st.cuts.kept_above_d = d.above.kept;
     st.cuts.kept_total = total.kept;
@@ -975,9 +976,9 @@ __device__ void zero_share(unsigned long long* h) {
 // The tokens of the cuts' buckets collected (their order keys, into the scratch), then in the
 // last block sorted and walked (walk_top_k, walk_cuts; top-k's first cut to the k best where they
 // would pad the sort past k's power of two, or overflow it). More candidates than one block sorts:
-// with top-k (k over 4096, or many equal logits) the last block searches the candidates, whose k
+// with top-k (k over 4096, or many equal logits) the last block bisects the candidates, whose k
 // best it draws from; without (many equal logits in the cuts' buckets), the whole vocabulary
-// (draw_by_search).
+// (draw_by_bisection).
 __device__ void SampleWalk::run(const SampleArgs& a) {
     allow_next();
     const DeviceSampling p = *a.params;
@@ -1062,8 +1063,8 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     // the one-block search: over top-k's candidates (their entries after them), else every token
     // (16-byte aligned entries: the scratch holds sample_scratch_words(n))
     Entry* entries = reinterpret_cast<Entry*>(a.scratch + (use.top_k ? n + (n & 1) : 0));
-    if (token < 0 && use.top_k && hi >= 0) token = draw_by_search(cand, nullptr, static_cast<int>(n_cand), p, u_bits, mx, top, entries);
-    if (token < 0) token = draw_by_search(nullptr, a.logits, n, p, u_bits, mx, top, entries);
+    if (token < 0 && use.top_k && hi >= 0) token = draw_by_bisection(cand, nullptr, static_cast<int>(n_cand), p, u_bits, mx, top, entries);
+    if (token < 0) token = draw_by_bisection(nullptr, a.logits, n, p, u_bits, mx, top, entries);
     if (threadIdx.x == 0) {
         st.active = 0;
         emit(a, token);
