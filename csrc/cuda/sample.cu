@@ -439,71 +439,37 @@ struct alignas(16) Entry {
 };
 constexpr unsigned long long kKept = 1ull << 63;
 
-// The largest key θ in [lo, hi] for which the walk's total at θ passes (ok at lo): the total of
-// value(mass) over the entries at or above order key `floor` whose logit key is >= θ (pass is true
-// of larger totals). Each pass over the entries tests sixteen keys, lo + j · 2^shift (the bucket
-// sums of the keys between them, then their suffix sums): a 32-bit range in 8 passes, not the
-// 32 of a bisection. Every thread gets θ. ways: shared memory for the warps' sums (SearchWays).
-constexpr int kWays = 16;
-using SearchWays = unsigned long long[kThreads / 32 + 1][kWays + 1];  // each warp's bucket sums, then the block's
-template <typename Value, typename Pass>
-__device__ uint32_t search_key(const Entry* e, int count, uint32_t lo, uint32_t hi, unsigned long long floor, Value value, Pass pass,
-                               SearchWays& ways) {
-    unsigned long long(&part)[kThreads / 32 + 1][kWays + 1] = ways;
-    unsigned long long* sum = ways[kThreads / 32];
-    const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+// The largest key θ in [lo, hi] for which ok(θ) holds (ok non-increasing in θ, ok(lo) true).
+template <typename F>
+__device__ uint32_t search(uint32_t lo, uint32_t hi, F ok) {
     while (lo < hi) {
-        const uint64_t span = static_cast<uint64_t>(hi) - lo + 1;
-        const int shift = span <= kWays ? 0 : 28 - __clz(static_cast<int>(span - 1));  // (span <= 16 << shift; span - 1 < 2^32)
-        unsigned long long h[kWays + 1] = {};  // h[j]: keys in [lo + j << shift, lo + (j + 1) << shift); h[kWays]: above hi
-        for (int i = threadIdx.x; i < count; i += kThreads) {
-            const Entry t = e[i];
-            const uint32_t k = static_cast<uint32_t>(t.order >> 32);
-            if (t.order < floor || k < lo) continue;
-            const int j = k > hi ? kWays : static_cast<int>((k - lo) >> shift);
-            const unsigned long long v = value(t.mass);
-#pragma unroll
-            for (int r = 0; r <= kWays; ++r) h[r] += r == j ? v : 0ull;
-        }
-#pragma unroll
-        for (int r = 0; r <= kWays; ++r)
-            for (int o = 16; o > 0; o /= 2) h[r] += __shfl_xor_sync(kFull, h[r], o);
-        __syncthreads();  // (the last pass's sums read)
-        if (lane == 0)
-#pragma unroll
-            for (int r = 0; r <= kWays; ++r) part[warp][r] = h[r];
-        __syncthreads();
-        if (threadIdx.x <= kWays) {
-            unsigned long long s = 0;
-            for (int w = 0; w < kThreads / 32; ++w) s += part[w][threadIdx.x];
-            sum[threadIdx.x] = s;
-        }
-        __syncthreads();
-        unsigned long long total = sum[kWays];  // the walk's total at lo + j << shift, j falling
-        int j = kWays - 1;
-        for (; j > 0; --j) {
-            total += sum[j];
-            if (static_cast<uint64_t>(lo) + (static_cast<uint64_t>(j) << shift) <= hi && pass(total)) break;
-        }
-        const unsigned long long at = static_cast<unsigned long long>(lo) + (static_cast<unsigned long long>(j) << shift);  // (j = 0: lo, which passes)
-        hi = static_cast<uint32_t>(min(static_cast<unsigned long long>(hi), at + (1ull << shift) - 1));
-        lo = static_cast<uint32_t>(at);
+        const uint32_t mid = lo + static_cast<uint32_t>((static_cast<uint64_t>(hi) - lo + 1) / 2);  // no wrap at 2^32
+        if (ok(mid)) lo = mid;
+        else hi = mid - 1;
     }
     return lo;
 }
 
 // Where the walk over the entries at or above order key `floor`, in the contract's order, first
 // passes `pass` (a test on the running total of value(mass word), true of the whole walk's): the
-// order key of the token it passes at. One block; every thread gets it. A search between the
+// order key of the token it passes at. One block; every thread gets it. A bisection between the
 // floor's key (or the lowest, bottom) and the largest, top, finds that token's logit key θ (the
-// last key whose tokens at or above it pass: search_key); tokens tied at θ (equal logits: equal values) are
+// last key whose tokens at or above it pass); tokens tied at θ (equal logits: equal values) are
 // walked by count, and the one reached is found by its rank in id order (kth_largest_key of their
 // reversed ids).
 template <typename Value, typename Pass>
 __device__ unsigned long long cut_by_bisection(const Entry* e, int count, uint32_t bottom, uint32_t top, unsigned long long floor,
-                                               Value value, Pass pass, SearchWays& ways) {
+                                               Value value, Pass pass) {
     __shared__ unsigned long long sums[kThreads / 32];
-    const uint32_t th = search_key(e, count, max(bottom, static_cast<uint32_t>(floor >> 32)), top, floor, value, pass, ways);
+    const auto total = [&](uint32_t th) {  // over the entries at or above floor with key >= th
+        unsigned long long s = 0;
+        for (int i = threadIdx.x; i < count; i += kThreads) {
+            const Entry t = e[i];
+            if (static_cast<uint32_t>(t.order >> 32) >= th && t.order >= floor) s += value(t.mass);
+        }
+        return block_sum(s, sums);
+    };
+    const uint32_t th = search(max(bottom, static_cast<uint32_t>(floor >> 32)), top, [&](uint32_t t) { return pass(total(t)); });
     unsigned long long above = 0, tied = 0, tied_value = 0;
     for (int i = threadIdx.x; i < count; i += kThreads) {
         const Entry t = e[i];
@@ -543,7 +509,6 @@ __device__ ER_NOINLINE int32_t draw_by_bisection(const unsigned long long* cand,
                                                  uint32_t u_bits, float mx, int32_t top, Entry* e) {
     __shared__ unsigned long long sums[kThreads / 32];
     __shared__ unsigned top_key, bottom_key;
-    __shared__ SearchWays ways;  // (once here: each cut's search would have its own)
     const double scale = mass_scale(count);
     if (threadIdx.x == 0) top_key = 0, bottom_key = 0xFFFFFFFFu;
     __syncthreads();
@@ -568,19 +533,19 @@ __device__ ER_NOINLINE int32_t draw_by_bisection(const unsigned long long* cand,
     unsigned long long floor = 0;  // the order key the kept prefix ends at
     if (p.top_k > 0 && p.top_k < count)
         floor = cut_by_bisection(e, count, lo_key, hi_key, floor, [](unsigned long long) { return 1ull; },
-                                 [&](unsigned long long c) { return c >= static_cast<unsigned long long>(p.top_k); }, ways);
+                                 [&](unsigned long long c) { return c >= static_cast<unsigned long long>(p.top_k); });
     const auto mass = [](unsigned long long y) { return y & ~kKept; };
     if (p.top_p < 1.0f) {
         const unsigned long long z = total(floor, mass);
         if (z == 0) return top;
         const unsigned long long need = min(z, max(1ull, static_cast<unsigned long long>(ceil(static_cast<double>(p.top_p) * static_cast<double>(z)))));
-        floor = cut_by_bisection(e, count, lo_key, hi_key, floor, mass, [&](unsigned long long c) { return c >= need; }, ways);
+        floor = cut_by_bisection(e, count, lo_key, hi_key, floor, mass, [&](unsigned long long c) { return c >= need; });
     }
     const auto kept = [](unsigned long long y) { return y & kKept ? y & ~kKept : 0ull; };
     const unsigned long long s = total(floor, kept);
     if (s == 0) return top;
     const unsigned long long target = draw_target(u_bits, s);
-    return order_id(cut_by_bisection(e, count, lo_key, hi_key, floor, kept, [&](unsigned long long c) { return c > target; }, ways));
+    return order_id(cut_by_bisection(e, count, lo_key, hi_key, floor, kept, [&](unsigned long long c) { return c > target; }));
 }
 
 // top-k's candidates (src(i), i < count: order keys of every token from the cut's bucket up)
