@@ -1036,10 +1036,12 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
     }
 }
 
-// The logits after bias and penalties, a slice of kSlice tokens a block: the slice copied, the
-// bias table's entries in it added, then the window's tokens in it counted (the counts array,
-// global: each block touches only its slice's entries) and each distinct one penalized once by
-// the thread that takes its count back to zero. The float arithmetic is the CPU's, rounding for
+// The logits after bias and penalties, a slice of kPenaltySlice tokens a block (a logit a thread:
+// the copy one round trip; slices of 16384 made it sixteen after one another, 3.4 of the kernel's
+// 5.8 µs on the 1B: bench/NOTES.md): the slice copied, the bias table's entries in it added,
+// then the window's tokens in it counted (the counts array, global: each block touches only its
+// slice's entries) and each distinct one penalized once by the thread that takes its count back
+// to zero. The float arithmetic is the CPU's, rounding for
 // rounding (no fused multiply-add). (The copy compiles to a load after each store; with each
 // thread's loads in flight at once a draw with penalties was no faster: bench/NOTES.md.)
 // The first index in [lo, hi) of rising `tokens` whose token is >= t (hi where none is).
@@ -1052,6 +1054,8 @@ __device__ __forceinline__ int32_t first_at_least(const int32_t* tokens, int32_t
     return lo;
 }
 
+constexpr int kPenaltySlice = kThreads;
+
 struct Penalize {
     using Args = PenaltyArgs;
     static constexpr int kBlockThreads = kThreads, kMinBlocks = 1;
@@ -1063,7 +1067,7 @@ __device__ void Penalize::run(const PenaltyArgs& a) {
     const DeviceSampling p = *a.params;
     const int64_t last = *a.pos0 + a.n_tokens - 1;
     wait_inputs();
-    const int32_t from = static_cast<int32_t>(blockIdx.x) * kSlice, to = min(a.n_vocab, from + kSlice);
+    const int32_t from = static_cast<int32_t>(blockIdx.x) * kPenaltySlice, to = min(a.n_vocab, from + kPenaltySlice);
     for (int32_t i = from + static_cast<int32_t>(threadIdx.x); i < to; i += kThreads) a.out[i] = a.logits[i];
     __syncthreads();
     trace_mark(0);  // (the slice copied)
@@ -1110,7 +1114,7 @@ DeviceSampling device_sampling(const SamplingParams& p, int32_t n_bias) {
 }
 
 Launch penalize(const PenaltyArgs& a) {
-    return make_launch<Penalize>(dim3(static_cast<unsigned>((a.n_vocab + kSlice - 1) / kSlice)), dim3(kThreads), a);
+    return make_launch<Penalize>(dim3(static_cast<unsigned>((a.n_vocab + kPenaltySlice - 1) / kPenaltySlice)), dim3(kThreads), a);
 }
 
 bool wide_draw(const SamplingParams& p) { return p.temperature > 0.0f; }

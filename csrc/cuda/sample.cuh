@@ -42,7 +42,7 @@ inline bool operator==(const DeviceSampling& a, const DeviceSampling& b) {
 // The logits after bias and penalties (the CPU contract's steps 1-3), out[i] for every token:
 // the bias table's entries added, then each distinct token of the window (the penalty_last_n
 // tokens up to and including the step's last, read from the history) penalized once with its
-// count. Blocks of the sampler's 16384 tokens, each over the whole window and its range of the table.
+// count. Blocks of 1024 tokens (a logit a thread), each over the whole window and its range of the table.
 struct PenaltyArgs {
     const float* logits;           // n_vocab floats
     float* out;                    // n_vocab floats (what the sampler then reads)
