@@ -316,9 +316,9 @@ def test_cuda_dispatch_modes_give_identical_logits(tmp_path):
 
 # greedy; temperature alone (every token a candidate); top-k up to 4096 (counted into histograms,
 # the candidates sorted and walked as the CPU walks them) with top-p and min-p; k = 6000 (one block
-# bisects top-k's candidates); top-p, min-p, both, and top-k past the vocabulary (masses into histograms); then bias
-# and penalties (the penalize kernel before the sampler, over the token history the embedding
-# keeps on the device: the prompt's and the draws')
+# bisects top-k's candidates); top-p, min-p, both, and top-k past the vocabulary (masses into
+# histograms); then bias and penalties (the penalize kernel before the sampler, over the token
+# history the embedding keeps on the device: the prompt's and the draws')
 SAMPLING = [dict(), dict(temperature=0.8), dict(temperature=0.8, top_k=40), dict(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05),
             dict(temperature=0.7, top_k=1024), dict(temperature=1.2, top_k=1025), dict(temperature=0.9, top_k=4000, top_p=0.9),
             dict(temperature=0.9, top_p=0.8),

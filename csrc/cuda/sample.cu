@@ -1041,9 +1041,7 @@ __device__ void SampleWalk::run(const SampleArgs& a) {
 // 5.8 µs on the 1B: bench/NOTES.md): the slice copied, the bias table's entries in it added,
 // then the window's tokens in it counted (the counts array, global: each block touches only its
 // slice's entries) and each distinct one penalized once by the thread that takes its count back
-// to zero. The float arithmetic is the CPU's, rounding for
-// rounding (no fused multiply-add). (The copy compiles to a load after each store; with each
-// thread's loads in flight at once a draw with penalties was no faster: bench/NOTES.md.)
+// to zero. The float arithmetic is the CPU's, rounding for rounding (no fused multiply-add).
 // The first index in [lo, hi) of rising `tokens` whose token is >= t (hi where none is).
 __device__ __forceinline__ int32_t first_at_least(const int32_t* tokens, int32_t lo, int32_t hi, int32_t t) {
     while (lo < hi) {
