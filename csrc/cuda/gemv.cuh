@@ -68,8 +68,9 @@ struct GemvNormOut {
 // expects. A word is written and read whole, so no fence or count is needed; and every tag
 // differs from the one the word held before (a step's launches have their own ordinals, and the
 // step block's sequence number grows by one each one-token step), so a stale word never passes.
-// The grid boundary this skips cost gate·up → quantize ~0.8 µs and more a layer (bench/NOTES.md,
-// forty-seventh CUDA session).
+// It skips the grid boundary gate·up → quantize (~0.8 µs a layer, the quantize kernel's whole
+// cost 1.76 µs a layer on the 8B Q4_0: bench/NOTES.md, forty-sixth CUDA session); predicted +1 to
+// +2 % on the 8B and 1B, not yet measured (forty-seventh CUDA session: no device came).
 // (The launch's ordinal among the step's tagged ones sits beside it, GemvArgs::tag_ordinal: in
 // the padding after xq_eps, so that GemvArgs stays within half of Launch::kMaxArgs.)
 struct GemvTagged {
