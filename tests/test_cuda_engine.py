@@ -457,16 +457,26 @@ def test_cuda_greedy_ties_resolve_to_the_lowest_id_across_blocks(tmp_path):
         del model
 
 
-def test_cuda_chained_generation_equals_step_by_step(tmp_path):
+# a model whose one-token gate·up streams (8192 rows: more blocks than the SMs hold) in one layer:
+# it hands its values to the quantize kernel as tagged words (GemvTagged), and the previous
+# one-token step's words are the buffer's last (from this layer), so only the step's sequence
+# number tells them apart
+STREAMED_ONE_LAYER = dict(n_layers=1, n_heads=16, n_kv_heads=4, dim=2048, ffn_dim=8192)
+
+
+@pytest.mark.parametrize("shape", ["tiny", "streamed"])
+def test_cuda_chained_generation_equals_step_by_step(tmp_path, shape):
     """generate() with recorded dispatch keeps three decode steps in flight, each fed the previous
     one's draw on the device; eager dispatch draws on the device too but waits for each token.
     Both give the same tokens, the same cache contents (session tokens) and the same final
     logits bit for bit: over a full run, a stop token met mid-chain (steps already in flight past
-    it are dropped and the last kept token's logits recomputed), and a context that fills up."""
+    it are dropped and the last kept token's logits recomputed), and a context that fills up.
+    (The streamed model: each chained step's sampler writes the next step's sequence number, the
+    host each eager step's.)"""
     from edgerunner.model_builder import write_random_model
 
     path = tmp_path / "m.gguf"
-    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=4)
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=4, **(STREAMED_ONE_LAYER if shape == "streamed" else {}))
     ids = prompt(np.random.default_rng(2), 9)
     results = {}
     for dispatch in ("eager", "recorded"):
@@ -487,6 +497,33 @@ def test_cuda_chained_generation_equals_step_by_step(tmp_path):
     assert len(full[0]) == 10 and len(full[1]) == len(ids) + 10
     assert stopped[0][-1] == full[0][5] and len(stopped[1]) == len(ids) + len(stopped[0]) - 1
     assert len(filled[1]) == len(ids) + 12  # the context is full
+
+
+@pytest.mark.parametrize("dispatch", DISPATCH)
+def test_cuda_gate_up_hand_off_takes_no_earlier_steps_values(tmp_path, dispatch):
+    """The streamed gate·up's tagged words are read by the quantize kernel as they land, before
+    gate·up's grid ends: a word another step wrote must never pass for this step's. One position
+    decoded again and again with one token and then another (rewinds: same layer, same position,
+    one step after the other), then steps on, gives the logits of one full prefill of those
+    tokens (whose steps of several tokens quantize with the plain kernel) bit for bit."""
+    from edgerunner.model_builder import write_random_model
+
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=8, **STREAMED_ONE_LAYER)
+    model = _core.Model.load(str(path), backend="cuda", dispatch=dispatch, prefill_chunk=8)
+    a = prompt(np.random.default_rng(3), 40)
+    b = a.copy()
+    b[20] = (a[20] + 1) % model.config["n_vocab"]
+    full = {0: _core.Session(model).eval_all(a), 1: _core.Session(model).eval_all(b)}
+    s = _core.Session(model)
+    s.eval(a[:20])
+    for k in range(8):
+        s.rewind(20)
+        s.append(int((a, b)[k % 2][20]))
+        assert np.array_equal(s.logits(), full[k % 2][20]), f"decode {k} of position 20"
+    for t in range(21, 40):
+        s.append(int(b[t]))
+        assert np.array_equal(s.logits(), full[1][t])
 
 
 @pytest.mark.parametrize("dispatch", DISPATCH)

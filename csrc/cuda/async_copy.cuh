@@ -94,6 +94,28 @@ __device__ __forceinline__ uint64_t evict_last_policy() { return 0; }
 __device__ __forceinline__ void store_kept(float* p, float v, uint64_t) { *p = v; }
 #endif
 
+// A tagged value (GemvTagged, gemv.cuh): `v`'s bits beside `tag` in one 8-byte word, stored and
+// loaded whole and relaxed at GPU scope (another SM's kernel reads it while this one still runs,
+// through L2: no L1 copy in between). The store keeps `policy`'s priority, as store_kept.
+#ifndef ER_CUDA_EMULATOR
+__device__ __forceinline__ void store_tagged(uint64_t* p, uint32_t tag, float v, uint64_t policy) {
+    const uint64_t word = static_cast<uint64_t>(tag) << 32 | __float_as_uint(v);
+    asm volatile("st.relaxed.gpu.global.L2::cache_hint.b64 [%0], %1, %2;" ::"l"(p), "l"(word), "l"(policy) : "memory");
+}
+__device__ __forceinline__ uint64_t load_tagged(const uint64_t* p) {
+    uint64_t word;
+    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(word) : "l"(p) : "memory");
+    return word;
+}
+#else
+__device__ __forceinline__ void store_tagged(uint64_t* p, uint32_t tag, float v, uint64_t) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    *p = static_cast<uint64_t>(tag) << 32 | bits;
+}
+__device__ __forceinline__ uint64_t load_tagged(const uint64_t* p) { return *p; }
+#endif
+
 // Copy [begin, begin + bytes) into dst as 16-byte pieces from the 16-byte boundary at or below
 // begin (lanes `lane` of `lanes`); returns where begin landed.
 __device__ __forceinline__ const uint8_t* stage_copy(uint8_t* dst, const uint8_t* begin, size_t bytes, int lane, int lanes) {

@@ -585,6 +585,8 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
             commit();
         };
         for (int c = 0; c < kDepth; ++c) issue(c);
+        // (GemvTagged: the step block's sequence number, read before the wait as launch.cuh allows)
+        const uint32_t tag = a.tagged.y ? tag_of(*a.tagged.seq, a.tag_ordinal) : 0;
         wait_inputs();
         int4* xs = reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(smem) + kWeightSmem);
         stage_q8<kIn>(a, xs, n_units);
@@ -635,7 +637,9 @@ struct GemvStaged : std::conditional_t<kQuantOut, Bounds1024,
             const float v0 = warp_sum(sum[0]), v1 = warp_sum(sum[1]);
             if (lane != 0) continue;
             if (gated) {
-                store_kept(a.part[0].y + w, gate_act(a.glu, v0) * v1, kept);
+                const float y = gate_act(a.glu, v0) * v1;
+                if (a.tagged.y) store_tagged(a.tagged.y + w, tag, y, kept);
+                else store_kept(a.part[0].y + w, y, kept);
                 continue;
             }
             const float v[kSlots] = {v0, v1};
@@ -875,15 +879,21 @@ bool deepens(const GemvArgs& a) {
     return staged_blocks(a, K::kWarps) <= static_cast<int64_t>(blocks_per_sm<K>(32 * K::kWarps, K::smem(a))) * sm_count();
 }
 
+// The blocks an SM holds of the streamed kernel K where a one-token GEMV streams (`streams`), else 0.
+template <class K>
+int streamed_per_sm(const GemvArgs& a) {
+    allow_staged_smem<K>();
+    const int per_sm = blocks_per_sm<K>(32 * K::kWarps, K::smem(a));
+    return K::smem(a) <= staged_smem_limit<K>() && streams(a, staged_blocks(a, K::kWarps), per_sm) ? per_sm : 0;
+}
+
 // The one-token staged GEMV (no int8 output): streamed where `streams`, else packed where its
 // format has that and `packs`, else with a deeper ring where `deepens`.
 template <TensorType T, bool kRope, In kIn>
 Launch staged_one(const GemvArgs& a) {
     if constexpr (!kRope && kIn != In::Norm) {
         using K = GemvStaged<T, false, false, kIn, false, false, true>;
-        allow_staged_smem<K>();
-        const int per_sm = blocks_per_sm<K>(32 * K::kWarps, K::smem(a));
-        if (K::smem(a) <= staged_smem_limit<K>() && streams(a, staged_blocks(a, K::kWarps), per_sm))
+        if (const int per_sm = streamed_per_sm<K>(a))
             return make_launch<K>(dim3(static_cast<unsigned>(per_sm * sm_count())), dim3(32 * K::kWarps), a, K::smem(a));
     }
     if constexpr (Packed<T>::kPacks) {
@@ -991,6 +1001,7 @@ struct Quantize {
     using Args = QuantizeArgs;
     static __device__ void run(const Args& a) {
         allow_next();
+        if (a.tagged.y) return run_tagged(a);
         wait_inputs();
         const int64_t per_token = a.cols / 32;
         const int64_t g = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -998,6 +1009,33 @@ struct Quantize {
         const int lane = threadIdx.x % 32;
         const int64_t t = g / per_token, b = g % per_token;
         quantize_block(a.x[t * a.x_stride + 32 * b + lane], a.out[t * a.out_stride + b], lane);
+    }
+
+    // From a streamed gate·up's tagged words (GemvTagged): no wait for its grid to end. The warp
+    // reads its block's 32 words until every one carries this step's tag; gate·up stores them
+    // after its own wait, so the kernels before it have ended too. Its output goes where no kernel
+    // still running reads (the runner's gate·up copy, not the int8 buffer gate·up reads). Past
+    // 2^16 reads (tens of ms) it waits for the grid's end instead; a tag missing then is a bug
+    // (a trap: the step fails with an error, not a wrong token).
+    static __device__ void run_tagged(const Args& a) {
+        const int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+        if (b >= a.cols / 32) return;
+        const int lane = threadIdx.x % 32;
+        const uint32_t tag = tag_of(*a.tagged.seq, a.tag_ordinal);  // (the step block: before any wait)
+        const uint64_t* p = a.tagged.y + 32 * b + lane;
+        auto missing = [&](uint64_t word) { return __ballot_sync(0xFFFFFFFFu, static_cast<uint32_t>(word >> 32) != tag) != 0; };
+        uint64_t word = load_tagged(p);
+        for (int reads = 1; missing(word); ++reads) {
+            if (reads == 1 << 16) {
+                wait_inputs();
+                word = load_tagged(p);
+                if (missing(word)) __trap();
+                break;
+            }
+            word = load_tagged(p);
+        }
+        trace_waited();
+        quantize_block(__uint_as_float(static_cast<uint32_t>(word)), a.out[b], lane);
     }
 };
 
@@ -1170,6 +1208,26 @@ bool norm_out_fits(const GemvArgs& a) {
     return K::smem(a) <= staged_smem_limit<K>();
 }
 
+bool gemv_tags_out(TensorType type, const GemvArgs& a) {
+    static const bool enabled = [] {
+        const char* env = std::getenv("EDGERUNNER_CUDA_TAGGED");
+        return !(env && std::string(env) == "0");
+    }();
+    if (!enabled || !gemv_wants_q8(type) || a.n_tokens != 1 || a.glu == Glu::None || a.part[0].rows % 32 != 0 || a.xq_out || a.norm.x ||
+        a.rope.pos0)
+        return false;
+    switch (type) {  // (launch: the gated one-token GEMV takes staged_one, which streams where this says)
+#define ER_STREAMS(T) \
+    case TensorType::T: \
+        return a.xq_ss ? streamed_per_sm<GemvStaged<TensorType::T, false, false, In::Scaled, false, false, true>>(a) > 0 \
+                       : streamed_per_sm<GemvStaged<TensorType::T, false, false, In::Q8, false, false, true>>(a) > 0;
+        ER_STREAMS(Q4_0) ER_STREAMS(Q4_1) ER_STREAMS(Q5_0) ER_STREAMS(Q5_1) ER_STREAMS(Q8_0) ER_STREAMS(IQ4_NL) ER_STREAMS(Q2_K)
+        ER_STREAMS(Q3_K) ER_STREAMS(Q4_K) ER_STREAMS(Q5_K) ER_STREAMS(Q6_K) ER_STREAMS(IQ4_XS)
+#undef ER_STREAMS
+        default: return false;
+    }
+}
+
 bool gemv_norms_out(TensorType type, const GemvArgs& a) {
     static const bool enabled = [] {
         const char* env = std::getenv("EDGERUNNER_CUDA_NORM_OUT");
@@ -1217,6 +1275,7 @@ Launch gemv(TensorType type, const GemvArgs& args) {
     if (args.cols % 32 != 0) throw std::invalid_argument("GEMV columns must be a multiple of 32");
     if (args.rope.pos0 && !gemv_ropes(type, args)) throw std::logic_error("only the one-token GEMV of an int8 format stores RoPE'd Q, K and V");
     if (args.xq_out && !gemv_quantizes_out(type, args)) throw std::logic_error("this GEMV cannot write an int8 copy of its output");
+    if (args.tagged.y && !gemv_tags_out(type, args)) throw std::logic_error("only a streamed one-token gate·up stores tagged values (gemv_tags_out)");
     if (args.norm.x && !gemv_folds_norm(type, args)) throw std::logic_error("this GEMV cannot fold an RMSNorm in (gemv_folds_norm)");
     if (args.norm_out.w && !gemv_norms_out(type, args)) throw std::logic_error("this GEMV cannot write its residual's norm (gemv_norms_out)");
     if (args.xq_ss && !(gemv_wants_q8(type) && args.n_tokens == 1 && !args.norm.x))

@@ -61,6 +61,25 @@ struct GemvNormOut {
     float* ss = nullptr;       // rows / 32 floats
 };
 
+// Gate·up's values handed to the quantize kernel after it one block of 32 at a time, each as it
+// lands, not once the whole grid has ended (gemv_tags_out): the streamed GEMV stores each value as
+// one 8-byte word, its bits beside a tag that names the step and the launch (tag_of), and the
+// quantize kernel (QuantizeArgs::tagged) reads its block's 32 words until all carry the tag it
+// expects. A word is written and read whole, so no fence or count is needed; and every tag
+// differs from the one the word held before (a step's launches have their own ordinals, and the
+// step block's sequence number grows by one each one-token step), so a stale word never passes.
+// It skips the grid boundary gate·up → quantize (~0.8 µs a layer, the quantize kernel's whole
+// cost 1.76 µs a layer on the 8B Q4_0: bench/NOTES.md, forty-sixth CUDA session); predicted +1 to
+// +2 % on the 8B and 1B, not yet measured (forty-seventh CUDA session: no device came).
+// (The launch's ordinal among the step's tagged ones sits beside it, GemvArgs::tag_ordinal: in
+// the padding after xq_eps, so that GemvArgs stays within half of Launch::kMaxArgs.)
+struct GemvTagged {
+    uint64_t* y = nullptr;          // rows words; null: part[0].y takes plain floats
+    const uint64_t* seq = nullptr;  // device: the step block's sequence number
+};
+constexpr uint32_t kTagOrdinals = 1024;
+__host__ __device__ inline uint32_t tag_of(uint64_t seq, uint32_t ordinal) { return static_cast<uint32_t>(seq) * kTagOrdinals + ordinal; }
+
 // y = W x (+ bias), or y += that (accumulate: the residual), for up to three matrices of one
 // type that read the same input (Q, K, V). With a gate (glu != None) the two parts are the gate
 // and up matrices, and part 0's y receives act(gate · x) · (up · x): no UP rows in memory.
@@ -86,6 +105,8 @@ struct GemvArgs {
     // the 1/rms of these sums of squares (cols / 32 floats) and the norm's eps
     const float* xq_ss = nullptr;
     float xq_eps = 0.0f;
+    uint32_t tag_ordinal = 0;  // with tagged: this launch's among the step's tagged ones (< kTagOrdinals)
+    GemvTagged tagged;         // one token, gated: part 0's values as tagged words (gemv_tags_out)
 };
 
 // The rows a GEMV computes: its parts' together, or with a gate the gate's (each joined with its up row).
@@ -129,6 +150,9 @@ bool gemv_folds_norm(TensorType type, const GemvArgs& args);
 // and its blocks at most half the SMs (the readers' blocks start on the others meanwhile).
 // EDGERUNNER_CUDA_NORM_OUT=0 says never (for measurements).
 bool gemv_norms_out(TensorType type, const GemvArgs& args);
+// Whether args.tagged can be given: the one-token gated GEMV streams (its grid the blocks the SMs
+// hold), rows a multiple of 32. EDGERUNNER_CUDA_TAGGED=0 says never (for measurements).
+bool gemv_tags_out(TensorType type, const GemvArgs& args);
 size_t qblock_bytes();
 
 // The bytes apart a weight's rows of `cols` values lie on the device (GemvArgs::row_bytes): the
@@ -146,6 +170,10 @@ struct QuantizeArgs {
     const float* x;  // n_tokens rows of cols floats, x_stride apart
     QBlock* out;     // cols/32 blocks per token, out_stride apart: d = max|x| / 127, q = round(x / d)
     int64_t n_tokens, cols, x_stride, out_stride;
+    // one token: the values as a streamed gate·up stores them (GemvTagged, and its tag_ordinal),
+    // read in place of x block by block as they land, without waiting for that grid to end
+    GemvTagged tagged = {};
+    uint32_t tag_ordinal = 0;
 };
 Launch quantize_activations(const QuantizeArgs& args);
 

@@ -165,6 +165,7 @@ namespace {
 // The step block: what changes from one step to the next.
 struct StepBlock {
     int64_t pos0;
+    uint64_t seq;             // one more each one-token step (GemvTagged's tags)
     uint64_t sample_step;     // the sampler's RNG counter
     DeviceSampling sampling;  // the sampler's parameters
     int32_t sampled;          // the drawn token (device → host)
@@ -219,6 +220,8 @@ struct Step {
     bool rope_by_gemv = false;  // RopeKv: done by the Q/K/V GEMVs before it (rope_folds)
     int32_t rope_step = -1;     // Gemv: the index of that RopeKv step, whose work it does
     bool q8_for_next = false;   // gated Gemv: writes the int8 copy the next GEMV reads (quantizes_for_next)
+    int32_t tag_ordinal = -1;   // gated Gemv: stores its values tagged for the quantize kernel after it (tags_for_next), this
+                                //   ordinal among the step's tagged launches
     bool pair_next = false;     // Gemv: one launch with the next step's GEMV (pairs_with_next, gemv_pairs)
     int32_t readers[3] = {};    // Norm: the GEMV steps that read its output (all of int8 formats, taking its int8 copy) ...
     int32_t n_readers = 0;      // ... and how many: none where the norm cannot be folded into them
@@ -283,6 +286,17 @@ public:
             steps_[k].by_producer = !steps_[k].by_embed && norm_by_producer(k, reinterpret_cast<StepBlock*>(block_.get()));
             steps_[k].folded = !steps_[k].by_embed && !steps_[k].by_producer && norm_folds(k, reinterpret_cast<StepBlock*>(block_.get()));
         }
+        uint32_t n_tagged = 0;
+        int64_t tagged_rows = 0;
+        for (size_t k = 0; k < steps_.size() && n_tagged < kTagOrdinals; ++k)
+            if (tags_for_next(k, reinterpret_cast<StepBlock*>(block_.get()))) {
+                steps_[k].tag_ordinal = static_cast<int32_t>(n_tagged++);
+                tagged_rows = std::max(tagged_rows, steps_[k].parts[0]->weight->rows);
+            }
+        if (n_tagged > 0) {  // (zero: no tag, as every tag has a sequence number from 1 on)
+            tagged_ = device_alloc<uint64_t>(static_cast<size_t>(tagged_rows));
+            ER_CUDA(cudaMemset(tagged_.get(), 0, static_cast<size_t>(tagged_rows) * sizeof(uint64_t)));
+        }
     }
     ~Runner() override {
         try {
@@ -331,6 +345,7 @@ public:
         const bool sampling = in.sample != nullptr;
         if (sampling && in.logits_out) throw std::logic_error("device sampling is not with every token's logits");
         host_block_->pos0 = in.pos0;
+        if (n == 1) host_block_->seq = ++seq_;
         if (sampling) {
             host_block_->sample_step = in.sample_step;
             host_block_->sampling = device_sampling(*in.sample);
@@ -372,6 +387,7 @@ public:
         StepBlock* dev = chain_block(k);
         StepBlock& host = chain_host_.get()[k];
         host.pos0 = pos;
+        host.seq = ++seq_;
         host.sample_step = sample_step;
         host.sampling = device_sampling(p);
         host.tokens[0] = first_token ? *first_token : 0;
@@ -379,8 +395,8 @@ public:
         // the header, and the input token only for the chain's first step (the others' is the
         // previous step's draw, written on the device), unless the previous step wrote this one
         const StepBlock& prev = chain_host_.get()[(k + kChain - 1) % kChain];
-        const bool written = pushed_ > 0 && !first_token && pos == prev.pos0 + 1 && sample_step == prev.sample_step + 1 &&
-                             prev.sampling == host.sampling;
+        const bool written = pushed_ > 0 && !first_token && pos == prev.pos0 + 1 && host.seq == prev.seq + 1 &&
+                             sample_step == prev.sample_step + 1 && prev.sampling == host.sampling;
         if (!written) {
             const size_t bytes = first_token ? sizeof(StepBlock) : offsetof(StepBlock, sampled);
             ER_CUDA(cudaMemcpyAsync(dev, &host, bytes, cudaMemcpyHostToDevice, stream_));
@@ -480,6 +496,11 @@ private:
     // Whether the gated GEMV step k can write the int8 copy of its output that the GEMV after it
     // reads (one token; gemv_quantizes_out), so no quantize kernel runs between them.
     bool quantizes_for_next(size_t k) const;
+    // Whether step k, a one-token gate·up whose GEMV streams, stores its values tagged for the
+    // quantize kernel before the next step's GEMV, which then reads them as they land (GemvTagged)
+    // and writes its int8 copy to qglu_: where nothing else reads those values (decided at load).
+    bool tags_for_next(size_t k, StepBlock* b) const;
+    cuda::GemvTagged tagged_args(StepBlock* b) const { return cuda::GemvTagged{tagged_.get(), &b->seq}; }
     // Whether Gemv step k and the one after it run as one launch in one-token steps.
     bool pairs_with_next(size_t k) const;
     // The GEMV steps that read Norm step k's output, where every one of them (and nothing else)
@@ -601,7 +622,10 @@ private:
     int64_t widest_ = 32;                // widest quantized matmul input (the int8 buffer's row)
     DevicePtr<uint8_t> qbuf_;            // int8 activations of one buffer, max_tokens rows
     DevicePtr<uint8_t> qglu_;            // one row: gate·up's int8 copy from its GEMV (quantizes_for_next; its
-                                         // blocks finish while others still read their input from qbuf_)
+                                         // blocks finish while others still read their input from qbuf_), or
+                                         // from the quantize kernel reading its tagged values (tags_for_next)
+    DevicePtr<uint64_t> tagged_;         // one row: a streamed gate·up's tagged values (tags_for_next)
+    uint64_t seq_ = 0;                   // the last one-token step's sequence number (StepBlock::seq)
     DevicePtr<uint8_t> qnorm_;           // one row: a norm's int8 copy from the GEMV before it (by_producer; a buffer of
     DevicePtr<float> qnorm_ss_;          // its own, as that GEMV reads qbuf_), and its units' sums of squares
     DevicePtr<uint16_t> hbuf_;           // bf16 activations of one buffer for the prefill GEMM, max_tokens rows
@@ -832,12 +856,33 @@ bool Runner::quantizes_for_next(size_t k) const {
     return a.part[0].rows == next.op.weight->cols && gemv_quantizes_out(s.op.weight->type, a);
 }
 
+bool Runner::tags_for_next(size_t k, StepBlock* b) const {
+    const Step& s = steps_[k];
+    if (k + 1 >= steps_.size() || s.kind != Step::Gemv || s.glu == cuda::Glu::None || s.q8_for_next || (skip_ >> static_cast<int>(Part::GateUp) & 1u))
+        return false;
+    const Step& next = steps_[k + 1];
+    const Buf out = s.parts[0]->out;
+    if (next.kind != Step::Gemv || !next.quantize || next.op.in != out || next.op.tail) return false;
+    // nothing after it reads the float values (or the int8 copy in qbuf_), up to their next writer
+    for (size_t j = k + 2; j < steps_.size(); ++j) {
+        const Step& t = steps_[j];
+        if (t.op.in == out || (t.kind == Step::Glu && out == Buf::UP)) return false;
+        bool writes = t.op.out == out;
+        for (int p = 0; p < t.n_parts; ++p) writes |= t.parts[p]->out == out;
+        if (writes) break;
+    }
+    GemvArgs a = gemv_args(k, 1, 0, b);
+    if (s.norm_step >= 0 && steps_[static_cast<size_t>(s.norm_step)].folded) a.norm = folded_norm(static_cast<size_t>(s.norm_step));
+    return gemv_tags_out(s.op.weight->type, a);
+}
+
 // Step k's GEMV arguments for a step of n tokens whose first row is `first`.
 GemvArgs Runner::gemv_args(size_t k, int64_t n, int64_t first, StepBlock* b) const {
     const Step& s = steps_[k];
     const Op& op = s.op;
     const Weight& w = *op.weight;
-    const bool from_glu = n == 1 && k > 0 && steps_[k - 1].q8_for_next;  // the int8 input is in qglu_
+    // the int8 input is in qglu_
+    const bool from_glu = n == 1 && k > 0 && (steps_[k - 1].q8_for_next || steps_[k - 1].tag_ordinal >= 0);
     GemvArgs a;
     for (int i = 0; i < s.n_parts; ++i) {
         const Op& p = *s.parts[i];
@@ -869,6 +914,7 @@ GemvArgs Runner::gemv_args(size_t k, int64_t n, int64_t first, StepBlock* b) con
         }
     }
     if (n == 1 && s.q8_for_next) a.xq_out = reinterpret_cast<QBlock*>(qglu_.get());
+    if (n == 1 && s.tag_ordinal >= 0) a.tagged = tagged_args(b), a.tag_ordinal = static_cast<uint32_t>(s.tag_ordinal);
     if (n == 1 && k + 1 < steps_.size() && steps_[k + 1].by_producer) a.norm_out = norm_out(k + 1);
     if (n == 1 && s.norm_step >= 0 && steps_[static_cast<size_t>(s.norm_step)].by_producer) {
         a.xq = reinterpret_cast<QBlock*>(qnorm_.get());
@@ -920,12 +966,16 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 break;
             case Step::Gemv: {
                 const Weight& w = *op.weight;
-                const bool from_glu = n == 1 && k > 0 && steps_[k - 1].q8_for_next;  // the int8 input is in qglu_
+                const bool from_glu = n == 1 && k > 0 && steps_[k - 1].q8_for_next;  // the int8 input is in qglu_ already
                 if (takes_gemm(k, n - first)) {
                     if (!s.input_ready)
                         push(Part::Quantize, bf16_activations(Bf16Args{row(op.in, first), hrow(first), n - first, w.cols, width(op.in), h_stride()}));
                 } else if (s.quantize && !from_glu) {
-                    push(Part::Quantize, quantize_activations(QuantizeArgs{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()}));
+                    QuantizeArgs q{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()};
+                    if (n == 1 && k > 0 && steps_[k - 1].tag_ordinal >= 0)  // (from gate·up's tagged values, into qglu_)
+                        q.out = reinterpret_cast<QBlock*>(qglu_.get()), q.tagged = tagged_args(b),
+                        q.tag_ordinal = static_cast<uint32_t>(steps_[k - 1].tag_ordinal);
+                    push(Part::Quantize, quantize_activations(q));
                 }
                 GemvArgs a = gemv_args(k, n, first, b);
                 if (n == 1 && s.norm_step >= 0 && steps_[static_cast<size_t>(s.norm_step)].folded) a.norm = folded_norm(static_cast<size_t>(s.norm_step));
@@ -986,6 +1036,8 @@ void Runner::push_sampler(const SamplingParams& p, const float* logits, int64_t 
         a.next = next->tokens;
         a.pos0 = &b->pos0;
         a.next_pos0 = &next->pos0;
+        a.seq = &b->seq;
+        a.next_seq = &next->seq;
         a.next_step = &next->sample_step;
         a.next_params = &next->sampling;
     }

@@ -591,6 +591,7 @@ __device__ void Sample::run(const SampleArgs& a) {
     const DeviceSampling p = *a.params;
     const uint64_t step = *a.step;
     const int64_t pos0 = a.next_pos0 ? *a.pos0 : 0;
+    const uint64_t seq = a.next_pos0 ? *a.seq : 0;
     wait_inputs();
     const float* __restrict__ l = a.logits;
     const int32_t n = a.n_vocab;
@@ -644,6 +645,7 @@ __device__ void Sample::run(const SampleArgs& a) {
     const int top = best_id < n ? best_id : -1;  // (-1: no logit above -FLT_MAX, every one -inf or NaN)
     if (a.next_pos0) {
         *a.next_pos0 = pos0 + 1;
+        *a.next_seq = seq + 1;
         *a.next_step = step + 1;
         *a.next_params = p;
     }

@@ -95,10 +95,13 @@ struct SampleArgs {
     unsigned* done;                // device, zero: the blocks that have merged theirs (both reset by the last)
     int32_t* out;                  // the drawn token, -1 where no logit is finite (device memory, or pinned host memory: out_host)
     int32_t* next = nullptr;       // or null: also written here (the next chained step's input token)
-    // with next: the next chained step's header, written here from this step's (its position one
-    // on, the RNG counter one on, the same parameters), so the host copies no header in between
+    // with next: the next chained step's header, written here from this step's (its position,
+    // sequence number and RNG counter one on, the same parameters), so the host copies no header
+    // in between
     const int64_t* pos0 = nullptr;
     int64_t* next_pos0 = nullptr;
+    const uint64_t* seq = nullptr;
+    uint64_t* next_seq = nullptr;
     uint64_t* next_step = nullptr;
     DeviceSampling* next_params = nullptr;
     bool out_host = false;  // out is pinned host memory (fenced for the host to read after the step)

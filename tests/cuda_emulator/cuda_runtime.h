@@ -119,6 +119,7 @@ template <typename T>
 T __shfl_sync(unsigned, T v, int src_lane) {
     return er_cuda_emulator::of_bits<T>(er_emulator::simd_exchange(er_cuda_emulator::bits_of(v), er_emulator::kBroadcast, static_cast<uint32_t>(src_lane) % 32));
 }
+[[noreturn]] inline void __trap() { std::abort(); }
 inline unsigned __ballot_sync(unsigned, int predicate) {
     return static_cast<unsigned>(er_emulator::simd_exchange(predicate != 0, er_emulator::kBallot, 0));
 }
