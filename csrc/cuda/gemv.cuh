@@ -69,9 +69,10 @@ struct GemvNormOut {
 // differs from the one the word held before (a step's launches have their own ordinals, and the
 // step block's sequence number grows by one each one-token step), so a stale word never passes.
 // It skips the grid boundary gate·up → quantize (~0.8 µs a layer, the quantize kernel's whole
-// cost 1.76 µs a layer on the 8B Q4_0: bench/NOTES.md, forty-sixth CUDA session); measured on an
-// H100 against the wait (EDGERUNNER_CUDA_TAGGED=0): +1.3 % on the 8B Q4_0, +1.1 % on the 8B Q4_K_M,
-// +0.8 % on the 1B Q4_K_M (bench/NOTES.md, forty-eighth CUDA session).
+// cost 1.76 µs a layer on the 8B Q4_0: bench/NOTES.md, forty-sixth CUDA session); measured against
+// the wait (EDGERUNNER_CUDA_TAGGED=0) on an H200: +1.2 % on the 8B Q4_0 and the 1B Q4_0, +1.5 % on
+// the 8B Q4_K_M (bench/NOTES.md, forty-eighth CUDA session). Handing the quantize kernel's copy on
+// to the down projection the same way lost 5–10 % there (the same notes).
 // (The launch's ordinal among the step's tagged ones sits beside it, GemvArgs::tag_ordinal: in
 // the padding after xq_eps, so that GemvArgs stays within half of Launch::kMaxArgs.)
 struct GemvTagged {
