@@ -379,6 +379,21 @@ def test_emulated_cuda_steps_and_dispatch_modes_agree(emulator, tmp_path, ttype,
         assert np.array_equal(steps, full[4:]), f"{dispatch}: rows {np.nonzero((steps != full[4:]).any(1))[0]} differ"
 
 
+@pytest.mark.parametrize("ttype,over,writes", [("Q8_0", {}, True), ("Q6_K", dict(dim=256, ffn_dim=512), True), ("Q4_0", {}, False)])
+def test_emulated_cuda_grid_on_every_sm_writes_the_norm_for_q6_k_and_q8_0(emulator, tmp_path, ttype, over, writes):
+    """On one SM every GEMV's grid takes every SM, as the 8B's output and down projections do on a
+    GPU. There a Q8_0 or Q6_K projection that adds the residual still writes the next RMSNorm's int8
+    copy (gemv_norms_out), so leaving the norm kernels out (EDGERUNNER_CUDA_SKIP=norm, a measurement
+    knob) changes no logit of one-token steps; a Q4_0 one leaves the copy to the norm kernel, and
+    leaving that out changes them."""
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type=ttype, seed=3, **over)
+    ids = prompt(np.random.default_rng(2), 6)
+    kept = cuda_logits(emulator, path, ids, env=ONE_SM, decode_from=1)
+    skipped = cuda_logits(emulator, path, ids, env=dict(ONE_SM, EDGERUNNER_CUDA_SKIP="norm"), decode_from=1)
+    assert np.array_equal(kept, skipped) == writes
+
+
 @pytest.mark.parametrize("ttype,over", [("F32", {}), ("Q8_0", dict(n_kv_heads=2)), ("Q4_K", dict(dim=256, ffn_dim=512))],
                          ids=["F32", "Q8_0", "Q4_K"])
 def test_emulated_cuda_gemma3_matches_the_cpu_backend(emulator, tmp_path, ttype, over):

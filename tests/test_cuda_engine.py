@@ -32,10 +32,11 @@ def test_cuda_logits_close_to_float64_reference(tiny_models, case):
 
 # Q4_K + Q6_K super-blocks; Q4_0's and Q8_0's blocks, in groups of eight on the device (the odd
 # shape's rows of 66 and 177 units padded to whole groups); an f32 cache; wide
-# models, one with an odd shape, one with the 8B's attention shape, and one with a long LM head (below)
+# models, one with an odd shape, two with the 8B's attention shape, and one with a long LM head (below)
 @pytest.mark.parametrize("ttype,kv_type,shape", [("Q4_K_M", "f16", "small"), ("Q4_0", "f16", "small"), ("Q8_0", "f16", "small"),
                                                  ("Q4_0", "f32", "small"), ("Q4_0", "f16", "wide"), ("Q4_K_M", "f16", "wide"),
-                                                 ("Q4_K_M", "f16", "8b_attention"), ("Q4_0", "f16", "odd"), ("Q8_0", "f16", "long_head")])
+                                                 ("Q4_K_M", "f16", "8b_attention"), ("Q8_0", "f16", "8b_attention"), ("Q4_0", "f16", "odd"),
+                                                 ("Q8_0", "f16", "long_head")])
 def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
     """reset, extend, decode and rewinds give the logits of one full prefill exactly: in steps
     of up to 15 tokens (chunks of 8 here) each token's kernels do the same arithmetic whatever
@@ -49,9 +50,11 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
     shares theirs (one token: StagedPair), and whether an RMSNorm's int8 copy comes from a norm
     kernel (steps of several tokens), or in one-token steps from the GEMV that adds the residual
     before it, a unit at a time, read by GEMVs that scale each unit by the row's 1/rms
-    (GemvArgs::norm_out and xq_ss, where the producer's blocks take at most half the SMs: on an
-    H200 every norm after the first layer's in the small, wide, odd and long-head shapes, the final
-    one too; the 8B-attention model's 128 blocks of 32 rows take more, and its norm kernel runs), or
+    (GemvArgs::norm_out and xq_ss, where the producer's blocks take at most half the SMs or its
+    weights are Q6_K or Q8_0: on an H200 every norm after the first layer's in the small, wide, odd
+    and long-head shapes, the final one too; the 8B-attention model's 128 blocks of 32 rows take
+    more, so its norm kernel runs after Q4_K_M's Q4_K projections, but not after its Q6_K down
+    projection nor in the Q8_0 model), or
     from the one-token GEMVs that read it, each block normalizing the row itself with another
     block size (GemvArgs::norm: the small models' first norm; the wide, odd and 8B-attention models' grids
     would read more than the fold's budget). The long-head model's 20000 short LM-head rows
@@ -123,6 +126,35 @@ def test_cuda_small_model_decode_runs_no_norm_kernel(tmp_path, monkeypatch):
 
     assert np.array_equal(logits(False, 1), logits(True, 1))
     assert not np.array_equal(logits(False, 4), logits(True, 4))
+
+
+@pytest.mark.parametrize("ttype,writes", [("Q8_0", True), ("Q4_0", False)])
+def test_cuda_8b_shaped_decode_runs_the_norm_kernel_unless_q8_0(tmp_path, monkeypatch, ttype, writes):
+    """The 8B's output and down projections (rows of 4096: 128 blocks of 32 rows, more than half
+    the SMs) write the next RMSNorm's int8 copy where their weights are Q6_K or Q8_0, and leave it
+    to the norm kernel where they are lighter (gemv_norms_out): leaving the norm kernels out
+    (EDGERUNNER_CUDA_SKIP=norm) changes no logit of a Q8_0 model's one-token steps (its first norm
+    is the embedding's), and changes a Q4_0 model's."""
+    from edgerunner.model_builder import write_random_model
+
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type=ttype, seed=12, n_heads=32, n_kv_heads=8, dim=4096, ffn_dim=1024)
+    ids = prompt(np.random.default_rng(5), 6)
+
+    def logits(skip: bool) -> np.ndarray:
+        if skip:
+            monkeypatch.setenv("EDGERUNNER_CUDA_SKIP", "norm")
+        else:
+            monkeypatch.delenv("EDGERUNNER_CUDA_SKIP", raising=False)
+        s = _core.Session(_core.Model.load(str(path), backend="cuda"))
+        s.eval(ids[:1])
+        out = [s.logits().copy()]
+        for t in ids[1:]:
+            s.append(int(t))
+            out.append(s.logits().copy())
+        return np.stack(out)
+
+    assert np.array_equal(logits(False), logits(True)) == writes
 
 
 def test_cuda_refuses_what_it_cannot_run(tmp_path, monkeypatch):

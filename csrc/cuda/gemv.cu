@@ -1229,18 +1229,23 @@ bool gemv_tags_out(TensorType type, const GemvArgs& a) {
 }
 
 bool gemv_norms_out(TensorType type, const GemvArgs& a) {
-    static const bool enabled = [] {
+    static const int mode = [] {  // 0: never, 1: the rule below, 2 (=wide): on every SM for every format (measurements)
         const char* env = std::getenv("EDGERUNNER_CUDA_NORM_OUT");
-        return !(env && std::string(env) == "0");
+        return env && std::string(env) == "0" ? 0 : env && std::string(env) == "wide" ? 2 : 1;
     }();
     // Its blocks of 32 rows at most half the SMs: the GEMVs that read the norm's copy then start on
     // the other SMs and pull their weights while this one runs, as they did while the norm kernel
     // ran. A grid on every SM (the 8B's 128 blocks of 4096 rows) holds them off until it ends, and
-    // the pull the norm kernel hid shows: measured, 8B Q4_0 −4 %, Llama-3.2-1B +2–6 %, SmolLM2
-    // +4–5 % (bench/NOTES.md, seventeenth CUDA session).
-    if (!enabled || !gemv_wants_q8(type) || a.n_tokens != 1 || a.n_parts != 1 || a.glu != Glu::None || !a.accumulate || a.rope.pos0 ||
-        a.xq_out || a.norm.x || a.xq_ss || a.part[0].rows % 32 != 0 || a.part[0].rows / 32 > sm_count() / 2 || a.cols > kMaxStagedCols ||
-        rows_wanted(a))
+    // the pull the norm kernel hid shows; that costs more than the norm kernel saves where the
+    // weights take under 6.5 bits a weight, and less where they take more (Q6_K, Q8_0). Measured
+    // on every SM against this rule, H100, the 8B's recorded tg128: Q6_K +3.3 %, Q8_0 +2.0 %,
+    // Q4_K_M (Q6_K down projections in half its layers) +1.3 %, Q4_K −0.4 %, Q5_0 −0.5 %, IQ4_NL
+    // −0.7 %, Q4_0 −1.2 %, Q5_K_M −1.8 %, Q4_1 −2.0 % (bench/NOTES.md, fifty-second session;
+    // Llama-3.2-1B and SmolLM2, whose grids take at most half, +2–6 %: seventeenth).
+    const bool heavy = type == TensorType::Q6_K || type == TensorType::Q8_0;
+    if (mode == 0 || !gemv_wants_q8(type) || a.n_tokens != 1 || a.n_parts != 1 || a.glu != Glu::None || !a.accumulate || a.rope.pos0 ||
+        a.xq_out || a.norm.x || a.xq_ss || a.part[0].rows % 32 != 0 || (mode == 1 && !heavy && a.part[0].rows / 32 > sm_count() / 2) ||
+        a.cols > kMaxStagedCols || rows_wanted(a))
         return false;
     switch (type) {
 #define ER_FITS(T) \
