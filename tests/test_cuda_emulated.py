@@ -385,12 +385,14 @@ def test_emulated_cuda_grid_on_every_sm_writes_the_norm_for_q6_k_and_q8_0(emulat
     GPU. There a Q8_0 or Q6_K projection that adds the residual still writes the next RMSNorm's int8
     copy (gemv_norms_out), so leaving the norm kernels out (EDGERUNNER_CUDA_SKIP=norm, a measurement
     knob) changes no logit of one-token steps; a Q4_0 one leaves the copy to the norm kernel, and
-    leaving that out changes them."""
+    leaving that out changes them. (The short-row kernel is off: on one SM, rows of 256 values
+    would take it, and it writes no copy.)"""
     path = tmp_path / "m.gguf"
     write_random_model(path, arch="llama", preset="tiny", tensor_type=ttype, seed=3, **over)
     ids = prompt(np.random.default_rng(2), 6)
-    kept = cuda_logits(emulator, path, ids, env=ONE_SM, decode_from=1)
-    skipped = cuda_logits(emulator, path, ids, env=dict(ONE_SM, EDGERUNNER_CUDA_SKIP="norm"), decode_from=1)
+    env = dict(ONE_SM, EDGERUNNER_CUDA_GEMV_ROWS="0")
+    kept = cuda_logits(emulator, path, ids, env=env, decode_from=1)
+    skipped = cuda_logits(emulator, path, ids, env=dict(env, EDGERUNNER_CUDA_SKIP="norm"), decode_from=1)
     assert np.array_equal(kept, skipped) == writes
 
 
