@@ -1236,12 +1236,14 @@ bool gemv_norms_out(TensorType type, const GemvArgs& a) {
     // Its blocks of 32 rows at most half the SMs: the GEMVs that read the norm's copy then start on
     // the other SMs and pull their weights while this one runs, as they did while the norm kernel
     // ran. A grid on every SM (the 8B's 128 blocks of 4096 rows) holds them off until it ends, and
-    // the pull the norm kernel hid shows; that costs more than the norm kernel saves where the
-    // weights take under 6.5 bits a weight, and less where they take more (Q6_K, Q8_0). Measured
-    // on every SM against this rule, H100, the 8B's recorded tg128: Q6_K +3.3 %, Q8_0 +2.0 %,
-    // Q4_K_M (Q6_K down projections in half its layers) +1.3 %, Q4_K −0.4 %, Q5_0 −0.5 %, IQ4_NL
-    // −0.7 %, Q4_0 −1.2 %, Q5_K_M −1.8 %, Q4_1 −2.0 % (bench/NOTES.md, fifty-second session;
-    // Llama-3.2-1B and SmolLM2, whose grids take at most half, +2–6 %: seventeenth).
+    // the pull the norm kernel hid shows: it cost more than the norm kernel saves in the formats
+    // under 6.5 bits a weight we measured, and less in Q6_K and Q8_0, which keep it. Measured on
+    // H100s, the 8B's recorded tg128, every format on every SM against the half-SM rule: Q6_K
+    // +3.3 %, Q8_0 +2.0 %, Q4_K_M +1.3 %, Q4_K −0.4 %, Q5_0 −0.5 %, IQ4_NL −0.7 %, Q4_0 −1.2 %,
+    // Q5_K_M −1.8 %, Q4_1 −2.0 %; this rule against the half-SM rule: Q6_K +2.8 %, Q8_0 +1.7 %,
+    // Q4_K_M +0.7 %, Q5_K_M (Q6_K down projections in half its layers) −0.4 %, Q4_0 the same
+    // (bench/NOTES.md, fifty-second session; Llama-3.2-1B and SmolLM2, whose grids take at most
+    // half, +2–6 %: seventeenth).
     const bool heavy = type == TensorType::Q6_K || type == TensorType::Q8_0;
     if (mode == 0 || !gemv_wants_q8(type) || a.n_tokens != 1 || a.n_parts != 1 || a.glu != Glu::None || !a.accumulate || a.rope.pos0 ||
         a.xq_out || a.norm.x || a.xq_ss || a.part[0].rows % 32 != 0 || (mode == 1 && !heavy && a.part[0].rows / 32 > sm_count() / 2) ||
