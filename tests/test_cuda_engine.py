@@ -99,6 +99,22 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
         assert np.array_equal(s.logits(), full[t])
 
 
+def stepped_logits(path, ids, first: int, monkeypatch, skip_norm: bool = False) -> np.ndarray:
+    """The CUDA backend's logits for ids[:first] in one step, then for each later token appended
+    alone; skip_norm: with the norm kernels left out (EDGERUNNER_CUDA_SKIP=norm, read at load)."""
+    if skip_norm:
+        monkeypatch.setenv("EDGERUNNER_CUDA_SKIP", "norm")
+    else:
+        monkeypatch.delenv("EDGERUNNER_CUDA_SKIP", raising=False)
+    s = _core.Session(_core.Model.load(str(path), backend="cuda"))
+    s.eval(ids[:first])
+    out = [s.logits().copy()]
+    for t in ids[first:]:
+        s.append(int(t))
+        out.append(s.logits().copy())
+    return np.stack(out)
+
+
 def test_cuda_small_model_decode_runs_no_norm_kernel(tmp_path, monkeypatch):
     """A small llama-style model's one-token steps run no RMSNorm kernel: the first norm is folded
     into the GEMVs that read it (GemvArgs::norm), every later one is written by the GEMV that adds
@@ -110,22 +126,8 @@ def test_cuda_small_model_decode_runs_no_norm_kernel(tmp_path, monkeypatch):
     path = tmp_path / "m.gguf"
     write_random_model(path, arch="llama", preset="tiny", tensor_type="Q4_0", seed=11)
     ids = prompt(np.random.default_rng(4), 10)
-
-    def logits(skip: bool, first: int) -> np.ndarray:
-        if skip:
-            monkeypatch.setenv("EDGERUNNER_CUDA_SKIP", "norm")
-        else:
-            monkeypatch.delenv("EDGERUNNER_CUDA_SKIP", raising=False)
-        s = _core.Session(_core.Model.load(str(path), backend="cuda"))
-        s.eval(ids[:first])
-        out = [s.logits().copy()]
-        for t in ids[first:]:
-            s.append(int(t))
-            out.append(s.logits().copy())
-        return np.stack(out)
-
-    assert np.array_equal(logits(False, 1), logits(True, 1))
-    assert not np.array_equal(logits(False, 4), logits(True, 4))
+    assert np.array_equal(stepped_logits(path, ids, 1, monkeypatch), stepped_logits(path, ids, 1, monkeypatch, skip_norm=True))
+    assert not np.array_equal(stepped_logits(path, ids, 4, monkeypatch), stepped_logits(path, ids, 4, monkeypatch, skip_norm=True))
 
 
 @pytest.mark.parametrize("ttype,writes", [("Q8_0", True), ("Q4_0", False)])
@@ -140,21 +142,7 @@ def test_cuda_8b_shaped_decode_runs_the_norm_kernel_unless_q8_0(tmp_path, monkey
     path = tmp_path / "m.gguf"
     write_random_model(path, arch="llama", preset="tiny", tensor_type=ttype, seed=12, n_heads=32, n_kv_heads=8, dim=4096, ffn_dim=1024)
     ids = prompt(np.random.default_rng(5), 6)
-
-    def logits(skip: bool) -> np.ndarray:
-        if skip:
-            monkeypatch.setenv("EDGERUNNER_CUDA_SKIP", "norm")
-        else:
-            monkeypatch.delenv("EDGERUNNER_CUDA_SKIP", raising=False)
-        s = _core.Session(_core.Model.load(str(path), backend="cuda"))
-        s.eval(ids[:1])
-        out = [s.logits().copy()]
-        for t in ids[1:]:
-            s.append(int(t))
-            out.append(s.logits().copy())
-        return np.stack(out)
-
-    assert np.array_equal(logits(False), logits(True)) == writes
+    assert np.array_equal(stepped_logits(path, ids, 1, monkeypatch), stepped_logits(path, ids, 1, monkeypatch, skip_norm=True)) == writes
 
 
 def test_cuda_refuses_what_it_cannot_run(tmp_path, monkeypatch):
