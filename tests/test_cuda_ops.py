@@ -103,7 +103,7 @@ def test_gemv_equals_float64(name):
     def check(rows, n, context):
         x = random_activations(rng, 2, n)
         assert_matmul_close(name, rows, x[:1], context)
-        if name in GEMM_TYPES:
+        if name in INT8_TYPES:
             one = _core.cuda_matmul(quants.type_id(name), rows, x[:1], "auto")
             two = _core.cuda_matmul(quants.type_id(name), rows, x, "auto")
             assert np.array_equal(one[0], two[0]), f"{name} {context}: the one-token and eight-token GEMVs differ"
@@ -116,7 +116,7 @@ def test_gemv_equals_float64(name):
     # count leaves the last warp one row): 20011 rows drawn from 257 random ones
     n = 2 * (256 if name in K_TYPES else 32)
     check(random_weights(name, 257, n, rng)[rng.integers(0, 257, 20011)], n, f"rows=20011 n={n} seed {seed}")
-    if name in GEMM_TYPES:
+    if name in INT8_TYPES:
         # Each row the bits of the same row in a launch of 17 blocks (checked against float64):
         # 20011 rows of 5120 values, several waves of blocks with rows of several chunks (the
         # streamed kernel: a grid of what the SMs hold, each warp's ring running on from one pair of
@@ -131,11 +131,18 @@ def test_gemv_equals_float64(name):
             assert np.array_equal(large[0], small[0][picks]), f"{name} rows={n_rows} n={n} seed {seed}: differs from the same rows' launch of 17 blocks"
 
 
-# the formats the tensor-core GEMM takes (the GEMV's int8 ones)
-GEMM_TYPES = [t for t in TYPES if t not in ("F32", "F16", "BF16", "Q8_K")]
+# the formats whose GEMV takes int8 activations; the tensor-core GEMM takes them and the float
+# formats (their values rounded to bf16), those only in its mma.sync kernel
+INT8_TYPES = [t for t in TYPES if t not in ("F32", "F16", "BF16", "Q8_K")]
+FLOAT_GEMM_TYPES = ["F32", "F16", "BF16"]
+GEMM_TYPES = INT8_TYPES + FLOAT_GEMM_TYPES
 
 
-@pytest.mark.parametrize("name", GEMM_TYPES)
+def gemm_kernels(name):
+    return ["mma.sync"] if name in FLOAT_GEMM_TYPES else GEMM_KERNELS
+
+
+@pytest.mark.parametrize("name", INT8_TYPES)
 def test_gemv_many_short_rows(name):
     """An LM head of many short rows (SmolLM2's shape: 49153 rows of 576 values, 512 for the
     K-quants; an odd count leaves the last pair one row), which the one-token GEMV of the int8
@@ -153,11 +160,11 @@ def test_gemv_many_short_rows(name):
     assert np.array_equal(one[0], two[0]), f"{name} seed {seed}: the one-token and eight-token GEMVs differ"
 
 
-# (the float formats have no GEMM: once each)
-@pytest.mark.parametrize("name,gemm", [(t, g) for t in TYPES for g in (GEMM_KERNELS if t in GEMM_TYPES else ["auto"])])
+# (Q8_K has no GEMM: once)
+@pytest.mark.parametrize("name,gemm", [(t, g) for t in TYPES + ["BF16"] for g in (gemm_kernels(t) if t in GEMM_TYPES else ["auto"])])
 def test_prefill_matmul_equals_float64(name, gemm):
     """Several tokens: eight per weight load below 16 tokens; from 16 on the tensor-core GEMM for
-    the int8 formats (Q4_0 … IQ4_XS), with row counts that leave its 128-row tiles partly empty,
+    the int8 formats (Q4_0 … IQ4_XS) and the float ones (F32, F16, BF16), with row counts that leave its 128-row tiles partly empty,
     token counts that leave its 64- or 128-token tiles partly empty, and K tiles cut short (3 and
     9 blocks of 32: a last tile of 3 or 1 units); each of the GEMM's kernels."""
     seed = random.randrange(2**32)
@@ -169,8 +176,7 @@ def test_prefill_matmul_equals_float64(name, gemm):
         assert_matmul_close(name, rows, random_activations(rng, n_tokens, n), context, gemm if n_tokens >= 16 else "auto")
 
 
-@pytest.mark.parametrize("gemm", GEMM_KERNELS)
-@pytest.mark.parametrize("name", GEMM_TYPES)
+@pytest.mark.parametrize("name,gemm", [(t, g) for t in GEMM_TYPES for g in gemm_kernels(t)])
 def test_prefill_matmul_wide_grid(name, gemm):
     """Grids of 303 blocks (101 row tiles, the last partly empty, × 3 token tiles): the mma.sync
     kernel's four-warp blocks (chosen from 1.5 blocks per SM: any GPU of up to 202 SMs), where the
@@ -193,5 +199,16 @@ def test_prefill_matmul_engine_shape(name):
     n = 1056 if name not in K_TYPES else 1280
     rows = random_weights(name, 257, n, rng)[rng.integers(0, 257, 1100)]
     x = random_activations(rng, 600, n)
-    for gemm in ["auto"] + GEMM_KERNELS:
+    for gemm in ["auto"] + gemm_kernels(name):
         assert_matmul_close(name, rows, x, f"rows=1100 n={n} tokens=600 gemm={gemm} seed {seed}", gemm)
+
+
+@pytest.mark.skipif("wgmma" not in GEMM_KERNELS, reason="this device has no wgmma kernel")
+@pytest.mark.parametrize("name", FLOAT_GEMM_TYPES)
+def test_wgmma_names_the_float_formats_it_does_not_take(name):
+    """Asked for by name, the wgmma kernel refuses the float formats (which the mma.sync kernel
+    takes) with an error naming the format, not the device."""
+    rng = np.random.default_rng(1)
+    rows, x = random_weights(name, 256, 1024, rng), random_activations(rng, 128, 1024)
+    with pytest.raises(ValueError, match=f"takes no {name} weights"):
+        _core.cuda_matmul(quants.type_id(name), rows, x, "wgmma")

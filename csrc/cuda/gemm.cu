@@ -1,7 +1,8 @@
 // Prefill matmuls on the tensor cores: Y = W · X for a chunk of tokens, bf16 mma.m16n8k16 into
 // float accumulators. The weights are turned into bf16 operands in registers straight from their
 // raw blocks (quant_mma.cuh: the integer part exactly, then the unit's scale and offset, one
-// rounding: to_bf16), the activations a bf16 copy of the input (bf16_activations, gemv.cu), so no float
+// rounding: to_bf16; F32 and F16 values rounded to bf16 once, BF16 ones as they are), the
+// activations a bf16 copy of the input (bf16_activations, gemv.cu), so no float
 // weights are written anywhere and the accumulators need no per-block scaling. A block
 // computes 128 weight rows × 64 tokens: 4 warps of 32 rows × all 64 tokens (a weight converted
 // once serves 64 tokens), or 8 warps of 32 rows × 32 tokens where the blocks are too few to fill
@@ -139,8 +140,12 @@ struct GemmTiles {
     // Q5_1's 96-byte tiles start at 0 only, Q4_1's 80-byte ones too, Q5_0's 88-byte ones at 0 or 8)
     static constexpr int kRawBytes = kHalf ? 16 * kHalf : (M::kUnits == 1 ? kTileUnits : 1) * kBlockBytes;
     static constexpr int kStep = M::kUnits == 1 ? kTileUnits * kBlockBytes : kBlockBytes;
-    static constexpr int kRowStride = pad_stride(kRawBytes + (kHalf ? 0 : 15));
-    static constexpr int kRowStrideAligned = pad_stride(kRawBytes + (kHalf ? 0 : 16 - gcd16(kStep)));
+    // The float formats' rows are on 16-byte boundaries (launch checks): their tiles lie 32 bytes
+    // (F16, BF16: a quad's 8-byte loads of four rows meet every bank once) or 64 bytes (F32: two
+    // rows' 16-byte loads) beyond a multiple of 128 apart.
+    static constexpr int kFloatStride = kRawBytes + (kBlockBytes == 128 ? 64 : 32);
+    static constexpr int kRowStride = kFloatUnit<M> ? kFloatStride : pad_stride(kRawBytes + (kHalf ? 0 : 15));
+    static constexpr int kRowStrideAligned = kFloatUnit<M> ? kFloatStride : pad_stride(kRawBytes + (kHalf ? 0 : 16 - gcd16(kStep)));
 
     // where tile k's weight bytes start in a row, and the tile's first unit within them
     static __device__ int64_t tile_byte(int k) { return static_cast<int64_t>(k) * kTileUnits / M::kUnits * kBlockBytes; }
@@ -192,7 +197,7 @@ struct Gemm : GemmTiles<T, kBM, 16> {
     static constexpr int kTokStride = kTileUnits * 64 + 32;
     static constexpr int kStageBytes = kBM * kRowStride + kBN * kTokStride;
     using Rec = ScaleRecord<M>;
-    static constexpr int kRecBytes = kTileUnits * kBM * Rec::kWords * 4;  // the current tile's scale records
+    static constexpr int kRecBytes = kFloatUnit<M> ? 0 : kTileUnits * kBM * Rec::kWords * 4;  // the current tile's scale records
     static constexpr int kStages = kMinBlocks * (3 * kStageBytes + kRecBytes) <= 220 * 1024 ? 3 : 2;  // as deep as kMinBlocks per SM allow
     static constexpr size_t kSmem = static_cast<size_t>(kStages) * kStageBytes + kRecBytes;  // the most a launch asks
     static constexpr size_t smem(bool aligned) {
@@ -277,8 +282,8 @@ struct Gemm : GemmTiles<T, kBM, 16> {
             const int u0 = tile_unit(k);
             // The tile's scales, decoded once per row: lane l those of slot l, the kSplit warps of
             // the same slots a share of the units each. (Tile k − 1's records are free: every
-            // warp has passed the barrier above.)
-            {
+            // warp has passed the barrier above.) Float formats have none.
+            if constexpr (!kFloatUnit<M>) {
                 const uint8_t* row = sa + (wm * 32 + lane) * row_stride + ((scaled + offset) & 15);
 #pragma unroll
                 for (int v = 0; v < kTileUnits / kSplit; ++v) {
@@ -296,10 +301,16 @@ struct Gemm : GemmTiles<T, kBM, 16> {
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int slot = i * 16 + g + 8 * h;
-                        const uint2 q = M::quants(sa + (wm * 32 + slot) * row_stride + ((mine[i][h] + offset) & 15), u0 + u, t);
-                        const uint4 r = Rec::load(recs + (u * 32 + slot) * Rec::kWords);  // s_lo, s_hi, m_lo, m_hi
-                        to_bf16<M>(q.x, r.x, r.z, w[i][h][0], w[i][h][1]);
-                        to_bf16<M>(q.y, r.y, r.w, w[i][h][2], w[i][h][3]);
+                        const uint8_t* row = sa + (wm * 32 + slot) * row_stride + ((mine[i][h] + offset) & 15);
+                        if constexpr (kFloatUnit<M>) {
+                            const uint4 v = M::weights(row, u0 + u, t);
+                            w[i][h][0] = v.x, w[i][h][1] = v.y, w[i][h][2] = v.z, w[i][h][3] = v.w;
+                        } else {
+                            const uint2 q = M::quants(row, u0 + u, t);
+                            const uint4 r = Rec::load(recs + (u * 32 + slot) * Rec::kWords);  // s_lo, s_hi, m_lo, m_hi
+                            to_bf16<M>(q.x, r.x, r.z, w[i][h][0], w[i][h][1]);
+                            to_bf16<M>(q.y, r.y, r.w, w[i][h][2], w[i][h][3]);
+                        }
                     }
 #pragma unroll
                 for (int j = 0; j < kWarpTokens / 8; ++j) {
@@ -632,8 +643,12 @@ bool wgmma_device() {
 }
 
 // Whether a format's wgmma kernel fits a block's shared memory with two raw stages (rows anywhere).
-template <TensorType T>
+// The float formats take the mma.sync kernel only: two raw stages of their 256- or 512-byte tiles
+// do not fit beside wgmma's operand tiles.
+template <TensorType T, bool kFloat = kFloatUnit<MmaUnit<T>>>
 constexpr bool kWgmmaFits = GemmWg<T, false>::smem(2) <= GemmWg<T, false>::kMaxSmem;
+template <TensorType T>
+constexpr bool kWgmmaFits<T, true> = false;
 
 template <class K>
 Launch launch_wg(const GemvArgs& a) {
@@ -655,11 +670,13 @@ bool wgmma_wanted(const GemvArgs& a) {
 template <TensorType T>
 Launch launch(const GemvArgs& a, GemmKernel kernel) {
     const bool aligned = rows_aligned(a);
-    if (kHalfPieces<MmaUnit<T>> > 0 && !aligned)  // staged as 16-byte pieces
+    if ((kHalfPieces<MmaUnit<T>> > 0 || kFloatUnit<MmaUnit<T>>) && !aligned)  // staged as 16-byte pieces, or read as floats
         throw std::logic_error("the tensor-core GEMM reads " + std::string(tensor_type_name(T)) + " weights from 16-byte boundaries");
-    const bool wgmma = kWgmmaFits<T> && wgmma_device() && GemmWg<T, false>::kSmem <= smem_per_block();
+    bool wgmma = false;
+    if constexpr (kWgmmaFits<T>) wgmma = wgmma_device() && GemmWg<T, false>::kSmem <= smem_per_block();
     if (kernel == GemmKernel::Wgmma && !wgmma)
-        throw std::invalid_argument("the wgmma GEMM needs a compute capability 9.0 device and a build with sm_90a code");
+        throw std::invalid_argument(kFloatUnit<MmaUnit<T>> ? "the wgmma GEMM takes no " + std::string(tensor_type_name(T)) + " weights (the mma.sync kernel does)"
+                                                           : std::string("the wgmma GEMM needs a compute capability 9.0 device and a build with sm_90a code"));
     if constexpr (kWgmmaFits<T>)
         if (wgmma && (kernel == GemmKernel::Wgmma || (kernel == GemmKernel::Auto && wgmma_wanted(a))))
             return aligned ? launch_wg<GemmWg<T, true>>(a) : launch_wg<GemmWg<T, false>>(a);
@@ -684,7 +701,7 @@ bool gemm_takes(TensorType type, int64_t n_tokens) {
 #define ER_MMA(T) \
     case TensorType::T: return MmaUnit<TensorType::T>::kFast && Gemm<TensorType::T, 1>::kSmem <= smem_per_block();
         ER_MMA(Q4_0) ER_MMA(Q4_1) ER_MMA(Q5_0) ER_MMA(Q5_1) ER_MMA(Q8_0) ER_MMA(IQ4_NL) ER_MMA(Q2_K) ER_MMA(Q3_K) ER_MMA(Q4_K) ER_MMA(Q5_K)
-        ER_MMA(Q6_K) ER_MMA(IQ4_XS)
+        ER_MMA(Q6_K) ER_MMA(IQ4_XS) ER_MMA(F32) ER_MMA(F16) ER_MMA(BF16)
 #undef ER_MMA
         default: return false;
     }
@@ -706,6 +723,9 @@ Launch gemm(TensorType type, const GemvArgs& a, GemmKernel kernel) {
         case TensorType::Q3_K: return launch<TensorType::Q3_K>(a, kernel);
         case TensorType::IQ4_XS: return launch<TensorType::IQ4_XS>(a, kernel);
         case TensorType::Q2_K: return launch<TensorType::Q2_K>(a, kernel);
+        case TensorType::F32: return launch<TensorType::F32>(a, kernel);
+        case TensorType::F16: return launch<TensorType::F16>(a, kernel);
+        case TensorType::BF16: return launch<TensorType::BF16>(a, kernel);
         default: throw std::invalid_argument("the CUDA tensor-core GEMM has no kernel for " + std::string(tensor_type_name(type)));
     }
 }

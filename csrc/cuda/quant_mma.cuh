@@ -8,7 +8,13 @@
 // m = 0 unless kMin; s_hi = s_lo and m_hi = m_lo unless kSplit; unsigned bytes below 128). The
 // GEMM turns them into bf16 mma operands (the integer parts exactly: at most 8 bits) and
 // multiplies them with bf16 activations; no float weights are written anywhere.
+//
+// The float formats (F32, F16, BF16) have no scales: `weights(tile, u, t)` gives thread t's eight
+// elements of unit u as the bf16 pairs the mma takes, straight from the file's values (F16 and F32
+// rounded once to the nearest bf16, BF16 as it is).
 #pragma once
+
+#include <cuda_bf16.h>
 
 #include <cstddef>
 #include <type_traits>
@@ -268,5 +274,58 @@ struct MmaUnit<TensorType::Q6_K> {
                 (lo >> 4 & kLowNibbles) | (ld32(qh + 4) >> (2 * t) & 0x03030303u) << 4};
     }
 };
+
+// F32, F16, BF16: a unit is 32 values as the file holds them (a staged tile: four units, rows on
+// 16-byte boundaries); thread t of a quad takes elements 4t..4t+3 and 16+4t..16+4t+3 as bf16
+// pairs (4t, 4t+1), (4t+2, 4t+3), then the same + 16.
+template <typename V>
+struct FloatUnitBlock {
+    V v[32];
+};
+struct FloatMma {
+    static constexpr bool kFast = true, kFloat = true, kMin = false, kSplit = false, kSigned = false;
+    static constexpr int kBias = 0, kUnits = 1;
+};
+__device__ __forceinline__ uint32_t bf16_bits(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // (lo in the low half)
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ uint32_t f16_pair_to_bf16(uint32_t w) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
+    return bf16_bits(f.x, f.y);
+}
+template <>
+struct MmaUnit<TensorType::BF16> : FloatMma {
+    using Block = FloatUnitBlock<uint16_t>;
+    static __device__ uint4 weights(const uint8_t* tile, int u, int t) {
+        const uint8_t* p = tile + sizeof(Block) * u + 8 * t;
+        const uint2 lo = *reinterpret_cast<const uint2*>(p), hi = *reinterpret_cast<const uint2*>(p + 32);
+        return {lo.x, lo.y, hi.x, hi.y};
+    }
+};
+template <>
+struct MmaUnit<TensorType::F16> : FloatMma {
+    using Block = FloatUnitBlock<uint16_t>;
+    static __device__ uint4 weights(const uint8_t* tile, int u, int t) {
+        const uint8_t* p = tile + sizeof(Block) * u + 8 * t;
+        const uint2 lo = *reinterpret_cast<const uint2*>(p), hi = *reinterpret_cast<const uint2*>(p + 32);
+        return {f16_pair_to_bf16(lo.x), f16_pair_to_bf16(lo.y), f16_pair_to_bf16(hi.x), f16_pair_to_bf16(hi.y)};
+    }
+};
+template <>
+struct MmaUnit<TensorType::F32> : FloatMma {
+    using Block = FloatUnitBlock<float>;
+    static __device__ uint4 weights(const uint8_t* tile, int u, int t) {
+        const uint8_t* p = tile + sizeof(Block) * u + 16 * t;
+        const float4 lo = *reinterpret_cast<const float4*>(p), hi = *reinterpret_cast<const float4*>(p + 64);
+        return {bf16_bits(lo.x, lo.y), bf16_bits(lo.z, lo.w), bf16_bits(hi.x, hi.y), bf16_bits(hi.z, hi.w)};
+    }
+};
+
+// Whether a format's units are floats (FloatMma: weights(), no scale()).
+template <class M, class = void>
+constexpr bool kFloatUnit = false;
+template <class M>
+constexpr bool kFloatUnit<M, std::void_t<decltype(M::kFloat)>> = M::kFloat;
 
 }  // namespace edgerunner::cuda

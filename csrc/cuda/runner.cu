@@ -619,7 +619,7 @@ private:
     std::vector<Step> steps_;
     size_t offset_[kBufCount] = {};
     int64_t width_[kBufCount] = {};
-    int64_t widest_ = 32;                // widest quantized matmul input (the int8 buffer's row)
+    int64_t widest_ = 32;                // widest matmul input (the int8 and bf16 buffers' rows)
     DevicePtr<uint8_t> qbuf_;            // int8 activations of one buffer, max_tokens rows
     DevicePtr<uint8_t> qglu_;            // one row: gate·up's int8 copy from its GEMV (quantizes_for_next; its
                                          // blocks finish while others still read their input from qbuf_), or
@@ -722,7 +722,7 @@ void Runner::fuse() {
                     else s.quantize = true;
                     quantized = op.in;
                 }
-                if (gemv_wants_q8(type)) widest_ = std::max(widest_, op.weight->cols);
+                widest_ = std::max(widest_, op.weight->cols);  // (the float formats' GEMM reads the bf16 buffer too)
                 break;
             }
         }
