@@ -36,11 +36,25 @@ __device__ __forceinline__ F field(const GemvArgs& a, int p, F GemvPart::*f) {
     return p == 0 ? a.part[0].*f : p == 1 ? a.part[1].*f : a.part[2].*f;
 }
 
+template <TensorType T>
+constexpr bool kFloatWeights = T == TensorType::F32 || T == TensorType::F16 || T == TensorType::BF16;
+
+constexpr int kFloatSteps = 8;  // 16-byte loads a lane issues before their sums (float weights)
+
 // Tokens [NT·blockIdx.y, +NT): each weight unit is loaded once for NT tokens. Before it waits
 // for its input, each warp pulls its whole row towards L2 (the weights do not depend on the
-// previous kernel).
-template <TensorType T, int NT>
-struct Gemv {
+// previous kernel). Float weights (F32, F16, BF16) are read 16 bytes a lane at a time, their
+// rows and the activations on 16-byte boundaries (check_rows_aligned), gated or not known at
+// compile time (kGated: a plain GEMV's registers, and so its warps an SM, do not pay for the
+// gated pair's loads in flight; the gated one held to four blocks an SM, 128 registers).
+template <bool kBounded>
+struct GemvBounds {};
+template <>
+struct GemvBounds<true> {
+    static constexpr int kBlockThreads = 32 * kWarpsPerBlock, kMinBlocks = 4;
+};
+template <TensorType T, int NT, bool kGated = false>
+struct Gemv : GemvBounds<kFloatWeights<T> && kGated> {
     using Args = GemvArgs;
     static __device__ void run(const Args& a) {
         allow_next();
@@ -52,7 +66,7 @@ struct Gemv {
             if (a.n_parts > 1 && r >= a.part[0].rows) r -= a.part[0].rows, p = 1;
             if (p == 1 && a.n_parts > 2 && r >= a.part[1].rows) r -= a.part[1].rows, p = 2;
         }
-        const bool gated = a.glu != Glu::None;
+        const bool gated = kFloatWeights<T> ? kGated : a.glu != Glu::None;
         if (r >= field(a, p, &GemvPart::rows)) return wait_inputs();
         const uint8_t* row = field(a, p, &GemvPart::w) + static_cast<size_t>(r) * a.row_bytes;
         const uint8_t* row2 = gated ? a.part[1].w + static_cast<size_t>(r) * a.row_bytes : row;
@@ -74,6 +88,36 @@ struct Gemv {
                     sum[t] += QuantDot<T>::dot(row, u, x);
                     if (gated) sum2[t] += QuantDot<T>::dot(row2, u, x);
                 }
+        } else if constexpr (kFloatWeights<T>) {
+            // lane l takes 16 bytes at a time (kPer16 values), pieces l, l + 32, ...: a warp reads
+            // 512 contiguous bytes a step, kFloatSteps steps' loads (a 1B's or an 8B's whole row of
+            // 2048 or 4096 F16 values) issued before their sums; the raw bytes held, not floats
+            constexpr int kV = Unit<T>::kPer16;
+            const float* x = a.x + t0 * a.x_stride;
+            const int64_t pieces = a.cols / kV;
+            const uint4* w4 = reinterpret_cast<const uint4*>(row);
+            const uint4* w4b = reinterpret_cast<const uint4*>(row2);
+            for (int64_t c0 = lane; c0 < pieces; c0 += kFloatSteps * 32) {
+                uint4 w[kFloatSteps], w2[kFloatSteps];
+#pragma unroll
+                for (int i = 0; i < kFloatSteps; ++i)
+                    if (c0 + 32 * i < pieces) {
+                        w[i] = __ldcs(w4 + c0 + 32 * i);
+                        if (gated) w2[i] = __ldcs(w4b + c0 + 32 * i);
+                    }
+#pragma unroll
+                for (int i = 0; i < kFloatSteps; ++i) {
+                    const int64_t c = c0 + 32 * i;
+                    if (c >= pieces) break;
+#pragma unroll
+                    for (int t = 0; t < NT; ++t) {
+                        if (t >= nt) break;
+                        const float* xc = x + t * a.x_stride + kV * c;
+                        sum[t] += Unit<T>::dot16(w[i], xc);
+                        if (gated) sum2[t] += Unit<T>::dot16(w2[i], xc);
+                    }
+                }
+            }
         } else {
             const float* x = a.x + t0 * a.x_stride;
             for (int64_t u = lane; u < a.cols / 32; u += 32)
@@ -947,6 +991,14 @@ Launch staged_pair(const GemvArgs& a1, const GemvArgs& a2) {
 // The format pairs that run as one launch (the mixes' Q·K and V types; others take two).
 #define ER_PAIRS(X) X(Q4_K, Q6_K) X(Q5_K, Q6_K) X(Q4_K, Q5_K) X(Q5_0, Q8_0)
 
+// The plain GEMV of NT tokens a block (Gemv); the float formats' gated pair as a kernel of its own.
+template <TensorType T, int NT>
+Launch plain(const GemvArgs& a, dim3 grid, dim3 block) {
+    if constexpr (kFloatWeights<T>)
+        if (a.glu != Glu::None) return make_launch<Gemv<T, NT, true>>(grid, block, a);
+    return make_launch<Gemv<T, NT>>(grid, block, a);
+}
+
 // A step of one token (decode) takes the one-token kernel; several tokens share weight loads
 // eight at a time.
 template <TensorType T>
@@ -967,9 +1019,9 @@ Launch launch(const GemvArgs& a) {
                 return staged_one<T, false, kIn>(a);
             });
         }
-        else return make_launch<Gemv<T, 1>>(dim3(row_blocks, 1), block, a);
+        else return plain<T, 1>(a, dim3(row_blocks, 1), block);
     }
-    return make_launch<Gemv<T, 8>>(dim3(row_blocks, static_cast<unsigned>((a.n_tokens + 7) / 8)), block, a);
+    return plain<T, 8>(a, dim3(row_blocks, static_cast<unsigned>((a.n_tokens + 7) / 8)), block);
 }
 
 using LaunchFn = Launch (*)(const GemvArgs&);
@@ -1120,7 +1172,10 @@ bool gemv_pairs(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs
 // (quant_dot.cuh): their rows (of whole groups and blocks, device_row_bytes apart) must start on
 // 16-byte boundaries, as the runner's uploads (256) and cudaMalloc give them.
 static void check_rows_aligned(TensorType type, const GemvArgs& a) {
-    if (!group_bytes(type) && type != TensorType::Q4_K) return;
+    const bool floats = type == TensorType::F32 || type == TensorType::F16 || type == TensorType::BF16;
+    if (floats && (a.row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || a.x_stride % 4 != 0))
+        throw std::logic_error("the CUDA GEMV reads " + std::string(tensor_type_name(type)) + " rows and their float activations from 16-byte boundaries");
+    if (!group_bytes(type) && type != TensorType::Q4_K && !floats) return;
     if (group_bytes(type) && a.row_bytes != device_row_bytes(type, a.cols))  // (rows padded to whole groups)
         throw std::logic_error("the CUDA GEMV reads " + std::string(tensor_type_name(type)) + " rows of " + std::to_string(a.cols) +
                                " values as " + std::to_string(device_row_bytes(type, a.cols)) + " bytes apart (device_row_bytes), not " +

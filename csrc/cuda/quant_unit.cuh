@@ -314,6 +314,14 @@ struct Unit<TensorType::Q8_K> {
 
 template <>
 struct Unit<TensorType::F32> {
+    // A row's 16 bytes (kPer16 values) against their activations (16-byte aligned), in order.
+    static constexpr int kPer16 = 4;
+    static __device__ float dot16(uint4 w, const float* x) {
+        const float4 a = *reinterpret_cast<const float4*>(x);
+        float s = __uint_as_float(w.x) * a.x;
+        s = fmaf(__uint_as_float(w.y), a.y, s), s = fmaf(__uint_as_float(w.z), a.z, s);
+        return fmaf(__uint_as_float(w.w), a.w, s);
+    }
     static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
         const float* w = reinterpret_cast<const float*>(row) + 32 * u;
         float s = 0.0f;
@@ -328,6 +336,20 @@ struct Unit<TensorType::F32> {
 
 template <>
 struct Unit<TensorType::F16> {
+    static constexpr int kPer16 = 8;
+    static __device__ float dot16(uint4 w, const float* x) {
+        const float4 a = reinterpret_cast<const float4*>(x)[0], b = reinterpret_cast<const float4*>(x)[1];
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+        const float xs[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
+            s = i == 0 ? f.x * xs[0] : fmaf(f.x, xs[2 * i], s);
+            s = fmaf(f.y, xs[2 * i + 1], s);
+        }
+        return s;
+    }
     static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
         const __half* w = reinterpret_cast<const __half*>(row) + 32 * u;
         float s = 0.0f;
@@ -342,6 +364,19 @@ struct Unit<TensorType::F16> {
 
 template <>
 struct Unit<TensorType::BF16> {
+    static constexpr int kPer16 = 8;
+    static __device__ float dot16(uint4 w, const float* x) {
+        const float4 a = reinterpret_cast<const float4*>(x)[0], b = reinterpret_cast<const float4*>(x)[1];
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+        const float xs[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float s = __uint_as_float(words[0] << 16) * xs[0];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if (i > 0) s = fmaf(__uint_as_float(words[i] << 16), xs[2 * i], s);
+            s = fmaf(__uint_as_float(words[i] & 0xFFFF0000u), xs[2 * i + 1], s);
+        }
+        return s;
+    }
     static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
         const uint16_t* w = reinterpret_cast<const uint16_t*>(row) + 32 * u;
         float s = 0.0f;

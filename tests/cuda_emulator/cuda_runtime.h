@@ -153,6 +153,10 @@ template <typename T>
 T __ldcg(const T* p) {
     return *p;
 }
+template <typename T>
+T __ldcs(const T* p) {
+    return *p;
+}
 inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }
 
 // Byte and integer SIMD intrinsics
