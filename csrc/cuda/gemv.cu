@@ -90,8 +90,8 @@ struct Gemv : GemvBounds<kFloatWeights<T> && kGated> {
                 }
         } else if constexpr (kFloatWeights<T>) {
             // lane l takes 16 bytes at a time (kPer16 values), pieces l, l + 32, ...: a warp reads
-            // 512 contiguous bytes a step, kFloatSteps steps' loads (a 1B's or an 8B's whole row of
-            // 2048 or 4096 F16 values) issued before their sums; the raw bytes held, not floats
+            // 512 contiguous bytes a step, kFloatSteps steps' loads (a 1B's whole row of 2048 F16
+            // values) issued before their sums; the raw bytes held, not floats
             constexpr int kV = Unit<T>::kPer16;
             const float* x = a.x + t0 * a.x_stride;
             const int64_t pieces = a.cols / kV;

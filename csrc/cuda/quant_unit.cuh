@@ -322,13 +322,6 @@ struct Unit<TensorType::F32> {
         s = fmaf(__uint_as_float(w.y), a.y, s), s = fmaf(__uint_as_float(w.z), a.z, s);
         return fmaf(__uint_as_float(w.w), a.w, s);
     }
-    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
-        const float* w = reinterpret_cast<const float*>(row) + 32 * u;
-        float s = 0.0f;
-#pragma unroll
-        for (int l = 0; l < 32; ++l) s += w[l] * x[l];
-        return s;
-    }
     static __device__ void load(const uint8_t* row, int64_t u, float* w) {
         for (int l = 0; l < 32; ++l) w[l] = reinterpret_cast<const float*>(row)[32 * u + l];
     }
@@ -350,13 +343,6 @@ struct Unit<TensorType::F16> {
         }
         return s;
     }
-    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
-        const __half* w = reinterpret_cast<const __half*>(row) + 32 * u;
-        float s = 0.0f;
-#pragma unroll
-        for (int l = 0; l < 32; ++l) s += __half2float(w[l]) * x[l];
-        return s;
-    }
     static __device__ void load(const uint8_t* row, int64_t u, float* w) {
         for (int l = 0; l < 32; ++l) w[l] = __half2float(reinterpret_cast<const __half*>(row)[32 * u + l]);
     }
@@ -375,13 +361,6 @@ struct Unit<TensorType::BF16> {
             if (i > 0) s = fmaf(__uint_as_float(words[i] << 16), xs[2 * i], s);
             s = fmaf(__uint_as_float(words[i] & 0xFFFF0000u), xs[2 * i + 1], s);
         }
-        return s;
-    }
-    static __device__ float dot(const uint8_t* row, int64_t u, const float* x) {
-        const uint16_t* w = reinterpret_cast<const uint16_t*>(row) + 32 * u;
-        float s = 0.0f;
-#pragma unroll
-        for (int l = 0; l < 32; ++l) s += __uint_as_float(static_cast<uint32_t>(w[l]) << 16) * x[l];
         return s;
     }
     static __device__ void load(const uint8_t* row, int64_t u, float* w) {
