@@ -294,22 +294,23 @@ __device__ __forceinline__ uint32_t f16_pair_to_bf16(uint32_t w) {
     const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
     return bf16_bits(f.x, f.y);
 }
+// Thread t's eight 16-bit values of unit u (64 bytes a unit), as four words of pairs.
+__device__ __forceinline__ uint4 unit_pairs16(const uint8_t* tile, int u, int t) {
+    const uint8_t* p = tile + 64 * u + 8 * t;
+    const uint2 lo = *reinterpret_cast<const uint2*>(p), hi = *reinterpret_cast<const uint2*>(p + 32);
+    return {lo.x, lo.y, hi.x, hi.y};
+}
 template <>
 struct MmaUnit<TensorType::BF16> : FloatMma {
     using Block = FloatUnitBlock<uint16_t>;
-    static __device__ uint4 weights(const uint8_t* tile, int u, int t) {
-        const uint8_t* p = tile + sizeof(Block) * u + 8 * t;
-        const uint2 lo = *reinterpret_cast<const uint2*>(p), hi = *reinterpret_cast<const uint2*>(p + 32);
-        return {lo.x, lo.y, hi.x, hi.y};
-    }
+    static __device__ uint4 weights(const uint8_t* tile, int u, int t) { return unit_pairs16(tile, u, t); }
 };
 template <>
 struct MmaUnit<TensorType::F16> : FloatMma {
     using Block = FloatUnitBlock<uint16_t>;
     static __device__ uint4 weights(const uint8_t* tile, int u, int t) {
-        const uint8_t* p = tile + sizeof(Block) * u + 8 * t;
-        const uint2 lo = *reinterpret_cast<const uint2*>(p), hi = *reinterpret_cast<const uint2*>(p + 32);
-        return {f16_pair_to_bf16(lo.x), f16_pair_to_bf16(lo.y), f16_pair_to_bf16(hi.x), f16_pair_to_bf16(hi.y)};
+        const uint4 v = unit_pairs16(tile, u, t);
+        return {f16_pair_to_bf16(v.x), f16_pair_to_bf16(v.y), f16_pair_to_bf16(v.z), f16_pair_to_bf16(v.w)};
     }
 };
 template <>
