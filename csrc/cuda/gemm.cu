@@ -423,7 +423,15 @@ struct GemmWg : GemmTiles<T, 128, 8> {
     // rows on 16-byte boundaries (rows_aligned): a tile's phase in its row is its offset's
     static constexpr int kStride = kAligned ? Base::kRowStrideAligned : Base::kRowStride;
     static constexpr size_t kMaxSmem = 227 * 1024;
-    static constexpr size_t smem(int raw) { return 1024 + 2 * kWeightTile + kTokenStages * kTokenTile + static_cast<size_t>(raw) * kRows * kStride + kRecBytes; }
+    // F16 and BF16 weights (kDirect): copied straight into their swizzled weight tiles, three
+    // stages like the activations' (two tiles ahead), F16's values turned into bf16 in place by the
+    // thread that copied them; no raw stages, no scale records.
+    static constexpr bool kDirect = kFloatUnit<M>;
+    static_assert(!kDirect || sizeof(typename M::Block) == 64, "straight into the tiles: 16-bit values only");
+    static constexpr int kWeightStages = kDirect ? 3 : 2;
+    static constexpr size_t smem(int raw) {
+        return 1024 + kWeightStages * kWeightTile + kTokenStages * kTokenTile + (kDirect ? 0 : static_cast<size_t>(raw) * kRows * kStride + kRecBytes);
+    }
     // raw stages: three where they fit (the copy two tiles ahead of the conversion), else two
     static constexpr int kRaw = smem(3) <= kMaxSmem ? 3 : 2;
     static constexpr size_t kSmem = smem(kRaw);
@@ -440,12 +448,13 @@ struct GemmWg : GemmTiles<T, 128, 8> {
         const int64_t n_units = a.cols / 32;
         const int n_tiles = static_cast<int>((n_units + kTileUnits - 1) / kTileUnits);
         constexpr int row_stride = kStride, n_raw = kRaw;
-        uint8_t* const weights = smem;                                  // two converted weight tiles
-        uint8_t* const tokens = weights + 2 * kWeightTile;              // kTokenStages activation tiles
+        uint8_t* const weights = smem;                                  // kWeightStages converted weight tiles
+        uint8_t* const tokens = weights + kWeightStages * kWeightTile;  // kTokenStages activation tiles
         uint8_t* const raw = tokens + kTokenStages * kTokenTile;        // n_raw stages of raw rows
         uint32_t* const recs = reinterpret_cast<uint32_t*>(raw + n_raw * kRows * row_stride);  // [unit][slot][word]
         auto raw_stage = [&](int k) { return raw + (k % n_raw) * (kRows * row_stride); };
         auto token_stage = [&](int k) { return tokens + (k % kTokenStages) * kTokenTile; };
+        auto weight_tile = [&](int k) { return weights + (k % kWeightStages) * kWeightTile; };
         auto units_of = [&](int k) { return static_cast<int>(min(static_cast<int64_t>(kTileUnits), n_units - static_cast<int64_t>(k) * kTileUnits)); };
 
         // Copy duties: two threads per row slot, and sixteen per token (piece tid mod 16 of tokens
@@ -456,6 +465,15 @@ struct GemmWg : GemmTiles<T, 128, 8> {
         const int half = tid % 2;
         auto copy_weights = [&](int k) {
             if (k >= n_tiles) return;
+            if constexpr (kDirect) {  // the tile's 16-byte pieces half, half + 2, ... of the row into their places
+                uint8_t* to = weight_tile(k);
+                const uint8_t* from = my_row + tile_byte(k);
+                const int pieces = units_of(k) * 4;
+#pragma unroll
+                for (int c = half; c < 16; c += 2)
+                    if (c < pieces) copy16(to + wg_offset(tid / 2, c, kRows), from + 16 * c);
+                return;
+            }
             uint8_t* to = raw_stage(k) + (tid / 2) * row_stride + 16 * half;
             if constexpr (kHalf > 0) {  // 16-byte aligned blocks: the pieces the tile's half reads
                 const uint8_t* from = my_row + tile_byte(k) + 16 * half;
@@ -502,47 +520,67 @@ struct GemmWg : GemmTiles<T, 128, 8> {
         const uintptr_t scaled = reinterpret_cast<uintptr_t>(row_at(a, bx, scale_slot));
         const int barrier = 1 + wg;  // the warpgroup's own (barrier 0 is __syncthreads')
         auto wg_sync = [&] { asm volatile("bar.sync %0, 128;" ::"r"(barrier) : "memory"); };
-        // tile k's scales, then its rows converted into weight tile k % 2 (free: its multiplies are done)
+        // tile k's scales, then its rows converted into weight tile k % 2 (free: its multiplies are
+        // done); not for kDirect
         auto prepare = [&](int k) {
-            const int units = units_of(k), u0 = tile_unit(k);
-            const int64_t offset = tile_byte(k);
-            const uint8_t* sa = raw_stage(k);
-            {
-                const uint8_t* row = sa + scale_slot * row_stride + ((scaled + offset) & 15);
+            if constexpr (!kDirect) {
+                const int units = units_of(k), u0 = tile_unit(k);
+                const int64_t offset = tile_byte(k);
+                const uint8_t* sa = raw_stage(k);
+                {
+                    const uint8_t* row = sa + scale_slot * row_stride + ((scaled + offset) & 15);
 #pragma unroll
-                for (int v = 0; v < 2; ++v)
-                    if (scale_u0 + v < units) Rec::store(recs + ((scale_u0 + v) * kRows + scale_slot) * Rec::kWords, M::scale(row, u0 + scale_u0 + v));
+                    for (int v = 0; v < 2; ++v)
+                        if (scale_u0 + v < units) Rec::store(recs + ((scale_u0 + v) * kRows + scale_slot) * Rec::kWords, M::scale(row, u0 + scale_u0 + v));
+                }
+                wg_sync();
+                uint8_t* w = weight_tile(k);
+                auto convert = [&](int h, int u) {
+                    const int slot = 64 * wg + 8 * (2 * warp + h) + gr;
+                    const uint2 q = M::quants(sa + slot * row_stride + ((mine[h] + offset) & 15), u0 + u, t);
+                    const uint4 r = Rec::load(recs + (u * kRows + slot) * Rec::kWords);
+                    uint32_t w0, w1, w2, w3;
+                    to_bf16<M>(q.x, r.x, r.z, w0, w1);  // elements 32u + 4t ..
+                    to_bf16<M>(q.y, r.y, r.w, w2, w3);  // elements 32u + 16 + 4t ..
+                    const int chunk = 4 * u + t / 2;
+                    *reinterpret_cast<uint2*>(w + wg_offset(slot, chunk, kRows) + 8 * (t % 2)) = make_uint2(w0, w1);
+                    *reinterpret_cast<uint2*>(w + wg_offset(slot, chunk + 2, kRows) + 8 * (t % 2)) = make_uint2(w2, w3);
+                };
+                if (units == kTileUnits) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int u = 0; u < kTileUnits; ++u) convert(h, u);
+                } else {
+                    for (int h = 0; h < 2; ++h)
+                        for (int u = 0; u < units; ++u) convert(h, u);
+                }
+                fence_async_smem();
+                wg_sync();  // the tile is in for this warpgroup's multiplies; the records are free
             }
-            wg_sync();
-            uint8_t* w = weights + (k % 2) * kWeightTile;
-            auto convert = [&](int h, int u) {
-                const int slot = 64 * wg + 8 * (2 * warp + h) + gr;
-                const uint2 q = M::quants(sa + slot * row_stride + ((mine[h] + offset) & 15), u0 + u, t);
-                const uint4 r = Rec::load(recs + (u * kRows + slot) * Rec::kWords);
-                uint32_t w0, w1, w2, w3;
-                to_bf16<M>(q.x, r.x, r.z, w0, w1);  // elements 32u + 4t ..
-                to_bf16<M>(q.y, r.y, r.w, w2, w3);  // elements 32u + 16 + 4t ..
-                const int chunk = 4 * u + t / 2;
-                *reinterpret_cast<uint2*>(w + wg_offset(slot, chunk, kRows) + 8 * (t % 2)) = make_uint2(w0, w1);
-                *reinterpret_cast<uint2*>(w + wg_offset(slot, chunk + 2, kRows) + 8 * (t % 2)) = make_uint2(w2, w3);
-            };
-            if (units == kTileUnits) {
+        };
+        // kDirect, F16: this thread's pieces of tile k (landed: its copy groups are waited for) as
+        // bf16, in place (the same rounding as MmaUnit<F16>::weights)
+        auto convert_own = [&](int k) {
+            if constexpr (kDirect && T == TensorType::F16) {
+                uint8_t* w = weight_tile(k);
+                const int pieces = units_of(k) * 4;
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
-#pragma unroll
-                    for (int u = 0; u < kTileUnits; ++u) convert(h, u);
-            } else {
-                for (int h = 0; h < 2; ++h)
-                    for (int u = 0; u < units; ++u) convert(h, u);
+                for (int c = half; c < 16; c += 2)
+                    if (c < pieces) {
+                        uint4* p = reinterpret_cast<uint4*>(w + wg_offset(tid / 2, c, kRows));
+                        const uint4 v = *p;
+                        *p = make_uint4(f16_pair_to_bf16(v.x), f16_pair_to_bf16(v.y), f16_pair_to_bf16(v.z), f16_pair_to_bf16(v.w));
+                    }
             }
-            fence_async_smem();
-            wg_sync();  // the tile is in for this warpgroup's multiplies; the records are free
         };
 
-        // The first raw tiles before waiting for the input, then the first two activation tiles.
-        // Copy groups: the prologue's two (raw tiles 0 .. n_raw − 1 and activations 0; activations
-        // 1), then one a tile (tile k: activations k + 2, raw rows k + n_raw).
-        for (int k = 0; k < n_raw; ++k) copy_weights(k);
+        // The first raw tiles (kDirect: weight tiles 0 and 1) before waiting for the input, then the
+        // first two activation tiles. Copy groups: the prologue's two (raw tiles 0 .. n_raw − 1 and
+        // activations 0; activations 1), then one a tile (tile k: activations k + 2, raw rows k +
+        // n_raw; kDirect: weight tile k + 2).
+        const int ahead = kDirect ? 2 : n_raw;
+        for (int k = 0; k < ahead; ++k) copy_weights(k);
         wait_inputs();
         copy_tokens(0);
         commit();
@@ -552,23 +590,28 @@ struct GemmWg : GemmTiles<T, 128, 8> {
 #pragma unroll
         for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f;
         wait_pending<1>();
-        __syncthreads();
-        prepare(0);
+        if constexpr (kDirect) {
+            convert_own(0);
+        } else {
+            __syncthreads();
+            prepare(0);
+        }
         for (int k = 0; k < n_tiles; ++k) {
             // Tile k's activations and tile k + 1's raw rows have landed for every thread (with
-            // three raw stages they are in the groups before the newest), and every warpgroup is
-            // done with tile k − 1: the stages it held are free.
-            wait_pending<n_raw == 3 ? 1 : 0>();
+            // three raw stages they are in the groups before the newest; kDirect: tile k landed and
+            // converted last iteration), and every warpgroup is done with tile k − 1: the stages
+            // it held are free.
+            if constexpr (!kDirect) wait_pending<n_raw == 3 ? 1 : 0>();
             fence_async_smem();
             __syncthreads();
             copy_tokens(k + 2);       // (over tile k − 1's)
-            copy_weights(k + n_raw);  // (over tile k's raw rows, converted last iteration)
+            copy_weights(k + ahead);  // (over tile k's raw rows, converted last iteration; kDirect: over tile k − 1's)
             commit();
             // tile k's multiplies, in flight while tile k + 1 is converted
             wg_fence_regs(acc);
             wg_fence();
             {
-                const uint8_t* wa = weights + (k % 2) * kWeightTile + 64 * wg * 128;
+                const uint8_t* wa = weight_tile(k) + 64 * wg * 128;
                 const uint8_t* xb = token_stage(k);
                 auto step = [&](int s) {
                     wgmma_m64n128(acc, wg_desc(wa + (s / 4) * (kRows * 128) + (s % 4) * 32), wg_desc(xb + (s / 4) * (kN * 128) + (s % 4) * 32));
@@ -582,7 +625,14 @@ struct GemmWg : GemmTiles<T, 128, 8> {
                 }
             }
             wg_commit();
-            if (k + 1 < n_tiles) prepare(k + 1);  // (weight tile (k + 1) % 2: tile k − 1's multiplies are done)
+            if (k + 1 < n_tiles) {
+                if constexpr (kDirect) {
+                    wait_pending<1>();  // (tile k + 1's group: all but the one just issued)
+                    convert_own(k + 1);
+                } else {
+                    prepare(k + 1);  // (weight tile (k + 1) % 2: tile k − 1's multiplies are done)
+                }
+            }
             wg_wait<0>();
         }
         wg_fence_regs(acc);
@@ -643,12 +693,12 @@ bool wgmma_device() {
 }
 
 // Whether a format's wgmma kernel fits a block's shared memory with two raw stages (rows anywhere).
-// The float formats take the mma.sync kernel only: two raw stages of their 256- or 512-byte tiles
-// do not fit beside wgmma's operand tiles.
+// F16 and BF16 take it with their values copied straight into the tiles (GemmWg::kDirect); F32
+// takes the mma.sync kernel only (its 512-byte tiles would need raw stages, which do not fit).
 template <TensorType T, bool kFloat = kFloatUnit<MmaUnit<T>>>
 constexpr bool kWgmmaFits = GemmWg<T, false>::smem(2) <= GemmWg<T, false>::kMaxSmem;
 template <TensorType T>
-constexpr bool kWgmmaFits<T, true> = false;
+constexpr bool kWgmmaFits<T, true> = T == TensorType::F16 || T == TensorType::BF16;
 
 template <class K>
 Launch launch_wg(const GemvArgs& a) {
@@ -675,8 +725,8 @@ Launch launch(const GemvArgs& a, GemmKernel kernel) {
     bool wgmma = false;
     if constexpr (kWgmmaFits<T>) wgmma = wgmma_device() && GemmWg<T, false>::kSmem <= smem_per_block();
     if (kernel == GemmKernel::Wgmma && !wgmma)
-        throw std::invalid_argument(kFloatUnit<MmaUnit<T>> ? "the wgmma GEMM takes no " + std::string(tensor_type_name(T)) + " weights (the mma.sync kernel does)"
-                                                           : std::string("the wgmma GEMM needs a compute capability 9.0 device and a build with sm_90a code"));
+        throw std::invalid_argument(!kWgmmaFits<T> ? "the wgmma GEMM takes no " + std::string(tensor_type_name(T)) + " weights (the mma.sync kernel does)"
+                                                   : std::string("the wgmma GEMM needs a compute capability 9.0 device and a build with sm_90a code"));
     if constexpr (kWgmmaFits<T>)
         if (wgmma && (kernel == GemmKernel::Wgmma || (kernel == GemmKernel::Auto && wgmma_wanted(a))))
             return aligned ? launch_wg<GemmWg<T, true>>(a) : launch_wg<GemmWg<T, false>>(a);
