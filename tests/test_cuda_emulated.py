@@ -316,7 +316,9 @@ def test_emulated_cuda_matmul_equals_float64(emulator, tmp_path, name):
     int8 formats the one-token GEMV's sums equal the several-token GEMV's bit for bit."""
     seed = random.randrange(2**32)
     rng = np.random.default_rng(seed)
-    for n_rows, blocks, n_tokens in ((1, 1, 1), (37, 3, 3), (130, 9, 1), (5, 70, 2), (64, 2, 8)):
+    # (3, 100, 1): float rows of several steps of loads (F16's and BF16's each loaded ahead of the one
+    # before's sums)
+    for n_rows, blocks, n_tokens in ((1, 1, 1), (37, 3, 3), (130, 9, 1), (5, 70, 2), (64, 2, 8), (3, 100, 1)):
         n = blocks * (256 if name in K_TYPES else 32)
         rows, x = random_weights(name, n_rows, n, rng), random_activations(rng, n_tokens, n)
         y = cuda_matmul(emulator, tmp_path, name, rows, x)

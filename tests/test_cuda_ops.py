@@ -108,7 +108,8 @@ def test_gemv_equals_float64(name):
             two = _core.cuda_matmul(quants.type_id(name), rows, x, "auto")
             assert np.array_equal(one[0], two[0]), f"{name} {context}: the one-token and eight-token GEMVs differ"
 
-    # 70 and 250 blocks: rows in several staged chunks (250: more than three, so never packed)
+    # 70 and 250 blocks: rows in several staged chunks (250: more than three, so never packed); F16's
+    # and BF16's rows in several steps of loads, each step's loaded ahead of the one before's sums
     for n_rows, blocks in ((1, 1), (37, 3), (130, 9), (5, 70), (3, 250)):
         n = blocks * (256 if name in K_TYPES else 32)
         check(random_weights(name, n_rows, n, rng), n, f"rows={n_rows} n={n} seed {seed}")

@@ -46,15 +46,19 @@ constexpr int kFloatSteps = 8;  // 16-byte loads a lane issues before their sums
 // previous kernel). Float weights (F32, F16, BF16) are read 16 bytes a lane at a time, their
 // rows and the activations on 16-byte boundaries (check_rows_aligned), gated or not known at
 // compile time (kGated: a plain GEMV's registers, and so its warps an SM, do not pay for the
-// gated pair's loads in flight; the gated one held to four blocks an SM, 128 registers).
+// gated pair's loads in flight; the gated one held to four blocks an SM, 128 registers). A plain
+// one-token GEMV of 16-bit values whose rows take more than one step of loads (kAhead: a 1B's
+// down projection, four) issues each step's loads before the sums of the one before, so a warp
+// keeps its row's bytes in flight from its first step to its last (`loads_ahead`).
 template <bool kBounded>
 struct GemvBounds {};
 template <>
 struct GemvBounds<true> {
     static constexpr int kBlockThreads = 32 * kWarpsPerBlock, kMinBlocks = 4;
 };
-template <TensorType T, int NT, bool kGated = false>
+template <TensorType T, int NT, bool kGated = false, bool kAhead = false>
 struct Gemv : GemvBounds<kFloatWeights<T> && kGated> {
+    static_assert(!kAhead || (kFloatWeights<T> && !kGated && NT == 1), "loads a step ahead: plain one-token float GEMVs");
     using Args = GemvArgs;
     static __device__ void run(const Args& a) {
         allow_next();
@@ -91,20 +95,30 @@ struct Gemv : GemvBounds<kFloatWeights<T> && kGated> {
         } else if constexpr (kFloatWeights<T>) {
             // lane l takes 16 bytes at a time (kPer16 values), pieces l, l + 32, ...: a warp reads
             // 512 contiguous bytes a step, kFloatSteps steps' loads (a 1B's whole row of 2048 F16
-            // values) issued before their sums; the raw bytes held, not floats
+            // values) issued before their sums (kAhead: and before the step before's); the raw bytes
+            // held, not floats
             constexpr int kV = Unit<T>::kPer16;
             const float* x = a.x + t0 * a.x_stride;
             const int64_t pieces = a.cols / kV;
             const uint4* w4 = reinterpret_cast<const uint4*>(row);
             const uint4* w4b = reinterpret_cast<const uint4*>(row2);
-            for (int64_t c0 = lane; c0 < pieces; c0 += kFloatSteps * 32) {
-                uint4 w[kFloatSteps], w2[kFloatSteps];
+            // the step from piece c0 on: lane's pieces c0, c0 + 32, ... of the row (and its up row)
+            auto load = [&](uint4(&w)[kFloatSteps], uint4(&w2)[kFloatSteps], int64_t c0) {
 #pragma unroll
                 for (int i = 0; i < kFloatSteps; ++i)
                     if (c0 + 32 * i < pieces) {
                         w[i] = __ldcs(w4 + c0 + 32 * i);
                         if (gated) w2[i] = __ldcs(w4b + c0 + 32 * i);
                     }
+            };
+            uint4 w[kFloatSteps], w2[kFloatSteps], next[kAhead ? kFloatSteps : 1];
+            if constexpr (kAhead) load(w, w2, lane);
+            for (int64_t c0 = lane; c0 < pieces; c0 += kFloatSteps * 32) {
+                if constexpr (kAhead) {
+                    load(next, w2, c0 + kFloatSteps * 32);  // (the next step's: past the row's end, none)
+                } else {
+                    load(w, w2, c0);
+                }
 #pragma unroll
                 for (int i = 0; i < kFloatSteps; ++i) {
                     const int64_t c = c0 + 32 * i;
@@ -117,6 +131,9 @@ struct Gemv : GemvBounds<kFloatWeights<T> && kGated> {
                         if (gated) sum2[t] += Unit<T>::dot16(w2[i], xc);
                     }
                 }
+                if constexpr (kAhead)
+#pragma unroll
+                    for (int i = 0; i < kFloatSteps; ++i) w[i] = next[i];
             }
         } else {
             const float* x = a.x + t0 * a.x_stride;
@@ -991,11 +1008,29 @@ Launch staged_pair(const GemvArgs& a1, const GemvArgs& a2) {
 // The format pairs that run as one launch (the mixes' Q·K and V types; others take two).
 #define ER_PAIRS(X) X(Q4_K, Q6_K) X(Q5_K, Q6_K) X(Q4_K, Q5_K) X(Q5_0, Q8_0)
 
-// The plain GEMV of NT tokens a block (Gemv); the float formats' gated pair as a kernel of its own.
+// Whether a plain one-token float GEMV loads each step ahead (Gemv's kAhead): where its rows take
+// more than one step of loads, for the 16-bit formats (H100: the 1B BF16 +2.6 %, F16 +1.4 %, F32
+// ±0, SmolLM2 F32 −0.9 %: bench/NOTES.md, fifty-fourth session). EDGERUNNER_CUDA_FLOAT_AHEAD=0 says
+// never, =all takes F32 too (for measurements).
+template <TensorType T>
+bool loads_ahead(const GemvArgs& a) {
+    static const std::string knob = [] {
+        const char* env = std::getenv("EDGERUNNER_CUDA_FLOAT_AHEAD");
+        return std::string(env ? env : "");
+    }();
+    const bool wanted = knob == "all" || (knob != "0" && T != TensorType::F32);
+    return wanted && a.cols / Unit<T>::kPer16 > 32 * kFloatSteps;
+}
+
+// The plain GEMV of NT tokens a block (Gemv); the float formats' gated pair as a kernel of its own,
+// and their one-token rows of several steps loaded ahead.
 template <TensorType T, int NT>
 Launch plain(const GemvArgs& a, dim3 grid, dim3 block) {
-    if constexpr (kFloatWeights<T>)
+    if constexpr (kFloatWeights<T>) {
         if (a.glu != Glu::None) return make_launch<Gemv<T, NT, true>>(grid, block, a);
+        if constexpr (NT == 1)
+            if (loads_ahead<T>(a)) return make_launch<Gemv<T, 1, false, true>>(grid, block, a);
+    }
     return make_launch<Gemv<T, NT>>(grid, block, a);
 }
 
