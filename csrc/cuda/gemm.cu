@@ -50,16 +50,6 @@ __host__ __device__ inline bool rows_aligned(const GemvArgs& a) {
     return ok;
 }
 
-__device__ __forceinline__ uint32_t bits(__nv_bfloat162 v) {
-    uint32_t r;
-    memcpy(&r, &v, sizeof r);
-    return r;
-}
-__device__ __forceinline__ __nv_bfloat162 bf16x2(uint32_t r) {
-    __nv_bfloat162 v;
-    memcpy(&v, &r, sizeof v);
-    return v;
-}
 
 // Four bytes of a unit (elements e..e+3: UnitScale's quants) as bf16 weights, pairs (e, e+1) and
 // (e+2, e+3): s · (byte − kBias) + m with s and m bf16 pairs, the integer part exact, then one

@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 
 #include <cstddef>
+#include <cstring>
 #include <type_traits>
 
 #include "quant_dot.cuh"
@@ -286,10 +287,18 @@ struct FloatMma {
     static constexpr bool kFast = true, kFloat = true, kMin = false, kSplit = false, kSigned = false;
     static constexpr int kBias = 0, kUnits = 1;
 };
-__device__ __forceinline__ uint32_t bf16_bits(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // (lo in the low half)
-    return *reinterpret_cast<const uint32_t*>(&v);
+// A bf16 pair as the 32-bit word the mma takes (the low half first), and back.
+__device__ __forceinline__ uint32_t bits(__nv_bfloat162 v) {
+    uint32_t r;
+    memcpy(&r, &v, sizeof r);
+    return r;
 }
+__device__ __forceinline__ __nv_bfloat162 bf16x2(uint32_t r) {
+    __nv_bfloat162 v;
+    memcpy(&v, &r, sizeof v);
+    return v;
+}
+__device__ __forceinline__ uint32_t bf16_bits(float lo, float hi) { return bits(__floats2bfloat162_rn(lo, hi)); }
 __device__ __forceinline__ uint32_t f16_pair_to_bf16(uint32_t w) {
     const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
     return bf16_bits(f.x, f.y);
