@@ -398,6 +398,25 @@ def test_emulated_cuda_grid_on_every_sm_writes_the_norm_for_q6_k_and_q8_0(emulat
     assert np.array_equal(kept, skipped) == writes
 
 
+@pytest.mark.parametrize("ttype", ["F32", "F16", "BF16"])
+def test_emulated_cuda_float_decode_folds_every_norm(emulator, tmp_path, ttype):
+    """A float model's one-token GEMVs (Q·K·V, gate·up, the LM head) normalize their input
+    themselves (GemvArgs::norm: each block the residual's row into shared memory, by the norm
+    kernel's arithmetic), so one-token steps give the logits of one eval_all (steps of 8, which
+    run the norm kernel) bit for bit, and leaving the norm kernels out (EDGERUNNER_CUDA_SKIP=norm,
+    a measurement knob) changes none of them; with the fold off (EDGERUNNER_CUDA_FOLD_NORM=0) the
+    norm kernels run, and leaving them out does change them."""
+    path = tmp_path / "m.gguf"
+    write_random_model(path, arch="llama", preset="tiny", tensor_type=ttype, seed=9)
+    ids = prompt(np.random.default_rng(3), 12)
+    full = cuda_logits(emulator, path, ids)
+    folded = cuda_logits(emulator, path, ids, decode_from=1)
+    assert np.array_equal(folded, full), f"rows {np.nonzero((folded != full).any(1))[0]} differ"
+    assert np.array_equal(cuda_logits(emulator, path, ids, env={"EDGERUNNER_CUDA_SKIP": "norm"}, decode_from=1), folded)
+    unfolded = {"EDGERUNNER_CUDA_SKIP": "norm", "EDGERUNNER_CUDA_FOLD_NORM": "0"}
+    assert not np.array_equal(cuda_logits(emulator, path, ids, env=unfolded, decode_from=1), folded)
+
+
 @pytest.mark.parametrize("ttype,over", [("F32", {}), ("Q8_0", dict(n_kv_heads=2)), ("Q4_K", dict(dim=256, ffn_dim=512))],
                          ids=["F32", "Q8_0", "Q4_K"])
 def test_emulated_cuda_gemma3_matches_the_cpu_backend(emulator, tmp_path, ttype, over):

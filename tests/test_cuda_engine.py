@@ -32,11 +32,13 @@ def test_cuda_logits_close_to_float64_reference(tiny_models, case):
 
 # Q4_K + Q6_K super-blocks; Q4_0's and Q8_0's blocks, in groups of eight on the device (the odd
 # shape's rows of 66 and 177 units padded to whole groups); an f32 cache; wide
-# models, one with an odd shape, two with the 8B's attention shape, and one with a long LM head (below)
+# models, one with an odd shape, two with the 8B's attention shape, and one with a long LM head (below);
+# the float formats, their norms folded into the one-token GEMVs
 @pytest.mark.parametrize("ttype,kv_type,shape", [("Q4_K_M", "f16", "small"), ("Q4_0", "f16", "small"), ("Q8_0", "f16", "small"),
                                                  ("Q4_0", "f32", "small"), ("Q4_0", "f16", "wide"), ("Q4_K_M", "f16", "wide"),
                                                  ("Q4_K_M", "f16", "8b_attention"), ("Q8_0", "f16", "8b_attention"), ("Q4_0", "f16", "odd"),
-                                                 ("Q8_0", "f16", "long_head")])
+                                                 ("Q8_0", "f16", "long_head"), ("F32", "f16", "small"), ("F16", "f16", "wide"),
+                                                 ("BF16", "f16", "8b_attention")])
 def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
     """reset, extend, decode and rewinds give the logits of one full prefill exactly: in steps
     of up to 15 tokens (chunks of 8 here) each token's kernels do the same arithmetic whatever
@@ -57,7 +59,10 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
     projection nor in the Q8_0 model), or
     from the one-token GEMVs that read it, each block normalizing the row itself with another
     block size (GemvArgs::norm: the small models' first norm; the wide, odd and 8B-attention models' grids
-    would read more than the fold's budget). The long-head model's 20000 short LM-head rows
+    would read more than the fold's budget); a float model's one-token GEMVs fold every norm
+    before them, each block keeping the normed floats in shared memory (the norm kernel's bits;
+    the wide F16 model's gate·up pairs, the 8B-attention BF16 model's Q·K·V rows loaded a step
+    ahead). The long-head model's 20000 short LM-head rows
     take the short-row kernel, GemvRows. The wide models (rows of 2048 values,
     heads of 128, 8192 gate·up rows: more blocks of 32 than a GPU has SMs, so their one-token
     steps quantize the down projection's input with the quantize kernel too) stream whole

@@ -41,6 +41,36 @@ constexpr bool kFloatWeights = T == TensorType::F32 || T == TensorType::F16 || T
 
 constexpr int kFloatSteps = 8;  // 16-byte loads a lane issues before their sums (float weights)
 
+// The float4s a thread holds of a folded norm's row, in a block of `warps` warps: rows of up to
+// kMaxFoldCols values.
+constexpr int64_t kMaxFoldCols = 4096;
+constexpr int64_t kFoldBudget = 1 << 20;  // gemv_folds_norm (the int8 formats)
+constexpr int fold_passes(int warps) { return static_cast<int>(kMaxFoldCols / 4 / (32 * warps)); }
+constexpr int kFloatFoldPasses = fold_passes(kWarpsPerBlock);
+
+// A folded RMSNorm for a one-token float GEMV (GemvArgs::norm), by the whole block: before the
+// wait for the input the norm's weight into `normed` (a.cols floats of shared memory, float4 i by
+// thread i % blockDim.x: no barrier; not held in registers, which the GEMV's loads want), after it
+// norm(a.norm.x) over it, then the block's barrier, by the RmsNorm kernel's arithmetic
+// (rms_norm.cuh): the bits of its output, whatever the block size.
+__device__ __forceinline__ void stage_norm_weight(const GemvArgs& a, float4* normed) {
+    const float4* g = reinterpret_cast<const float4*>(a.norm.w);
+    for (int i = threadIdx.x; i < a.cols / 4; i += blockDim.x) normed[i] = g[i];
+}
+__device__ __forceinline__ void stage_normed_floats(const GemvArgs& a, float4* normed) {
+    __shared__ float unit_ss[kMaxFoldCols / 32];
+    const int n4 = static_cast<int>(a.cols / 4);
+    float4 v[kFloatFoldPasses];
+    load_row(reinterpret_cast<const float4*>(a.norm.x), n4, v);
+    const float scale = block_rms_scale(v, n4, a.cols, a.norm.eps, unit_ss);
+#pragma unroll
+    for (int k = 0; k < kFloatFoldPasses; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < n4) normed[i] = normed4(v[k], scale, normed[i]);
+    }
+    __syncthreads();
+}
+
 // Tokens [NT·blockIdx.y, +NT): each weight unit is loaded once for NT tokens. Before it waits
 // for its input, each warp pulls its whole row towards L2 (the weights do not depend on the
 // previous kernel). Float weights (F32, F16, BF16) are read 16 bytes a lane at a time, their
@@ -49,16 +79,19 @@ constexpr int kFloatSteps = 8;  // 16-byte loads a lane issues before their sums
 // gated pair's loads in flight; the gated one held to four blocks an SM, 128 registers). A plain
 // one-token GEMV of 16-bit values whose rows take more than one step of loads (kAhead: a 1B's
 // down projection, four) issues each step's loads before the sums of the one before, so a warp
-// keeps its row's bytes in flight from its first step to its last (`loads_ahead`).
+// keeps its row's bytes in flight from its first step to its last (`loads_ahead`). A one-token
+// float GEMV may fold in the RMSNorm before it (kNorm: GemvArgs::norm, stage_normed_floats): each
+// block normalizes the row itself into shared memory, the warps read it there.
 template <bool kBounded>
 struct GemvBounds {};
 template <>
 struct GemvBounds<true> {
     static constexpr int kBlockThreads = 32 * kWarpsPerBlock, kMinBlocks = 4;
 };
-template <TensorType T, int NT, bool kGated = false, bool kAhead = false>
+template <TensorType T, int NT, bool kGated = false, bool kAhead = false, bool kNorm = false>
 struct Gemv : GemvBounds<kFloatWeights<T> && kGated> {
     static_assert(!kAhead || (kFloatWeights<T> && !kGated && NT == 1), "loads a step ahead: plain one-token float GEMVs");
+    static_assert(!kNorm || (kFloatWeights<T> && NT == 1), "a folded norm: one-token float GEMVs");
     using Args = GemvArgs;
     static __device__ void run(const Args& a) {
         allow_next();
@@ -71,12 +104,23 @@ struct Gemv : GemvBounds<kFloatWeights<T> && kGated> {
             if (p == 1 && a.n_parts > 2 && r >= a.part[1].rows) r -= a.part[1].rows, p = 2;
         }
         const bool gated = kFloatWeights<T> ? kGated : a.glu != Glu::None;
-        if (r >= field(a, p, &GemvPart::rows)) return wait_inputs();
+        const bool has_row = r < field(a, p, &GemvPart::rows);
+        if (!kNorm && !has_row) return wait_inputs();  // (kNorm: every warp stages the norm's row)
         const uint8_t* row = field(a, p, &GemvPart::w) + static_cast<size_t>(r) * a.row_bytes;
         const uint8_t* row2 = gated ? a.part[1].w + static_cast<size_t>(r) * a.row_bytes : row;
-        prefetch_l2(row, a.row_bytes, lane, 32);
-        if (gated) prefetch_l2(row2, a.row_bytes, lane, 32);
+        if (has_row) {
+            prefetch_l2(row, a.row_bytes, lane, 32);
+            if (gated) prefetch_l2(row2, a.row_bytes, lane, 32);
+        }
+        __shared__ float4 normed[kNorm ? kMaxFoldCols / 4 : 1];  // (kNorm: the input, normed here)
+        if constexpr (kNorm) stage_norm_weight(a, normed);
         wait_inputs();
+        const float* x_in = a.x;
+        if constexpr (kNorm) {
+            stage_normed_floats(a, normed);
+            if (!has_row) return;
+            x_in = reinterpret_cast<const float*>(normed);
+        }
 
         const int64_t t0 = static_cast<int64_t>(blockIdx.y) * NT;
         const int nt = static_cast<int>(a.n_tokens - t0 < NT ? a.n_tokens - t0 : NT);
@@ -98,7 +142,7 @@ struct Gemv : GemvBounds<kFloatWeights<T> && kGated> {
             // values) issued before their sums (kAhead: and before the step before's); the raw bytes
             // held, not floats
             constexpr int kV = Unit<T>::kPer16;
-            const float* x = a.x + t0 * a.x_stride;
+            const float* x = x_in + t0 * a.x_stride;
             const int64_t pieces = a.cols / kV;
             const uint4* w4 = reinterpret_cast<const uint4*>(row);
             const uint4* w4b = reinterpret_cast<const uint4*>(row2);
@@ -285,12 +329,6 @@ __device__ __forceinline__ void stage_normed(const GemvArgs& a, const float4 (&g
     }
     __syncthreads();
 }
-
-// The float4s a thread holds of a folded norm's row, in a block of `warps` warps: rows of up to
-// kMaxFoldCols values.
-constexpr int64_t kMaxFoldCols = 4096;
-constexpr int64_t kFoldBudget = 1 << 20;  // gemv_folds_norm
-constexpr int fold_passes(int warps) { return static_cast<int>(kMaxFoldCols / 4 / (32 * warps)); }
 
 // Variants: kRope (GemvRope: Q, K and V stored rotated and into the cache), kQuantOut (gate·up
 // also written as int8 for the down projection, GemvArgs::xq_out: a block of 32 warps holds the
@@ -1023,10 +1061,16 @@ bool loads_ahead(const GemvArgs& a) {
 }
 
 // The plain GEMV of NT tokens a block (Gemv); the float formats' gated pair as a kernel of its own,
-// and their one-token rows of several steps loaded ahead.
+// their one-token rows of several steps loaded ahead, and their one-token GEMVs with a norm folded in.
 template <TensorType T, int NT>
 Launch plain(const GemvArgs& a, dim3 grid, dim3 block) {
     if constexpr (kFloatWeights<T>) {
+        if constexpr (NT == 1)
+            if (a.norm.x) {
+                if (a.glu != Glu::None) return make_launch<Gemv<T, 1, true, false, true>>(grid, block, a);
+                if (loads_ahead<T>(a)) return make_launch<Gemv<T, 1, false, true, true>>(grid, block, a);
+                return make_launch<Gemv<T, 1, false, false, true>>(grid, block, a);
+            }
         if (a.glu != Glu::None) return make_launch<Gemv<T, NT, true>>(grid, block, a);
         if constexpr (NT == 1)
             if (loads_ahead<T>(a)) return make_launch<Gemv<T, 1, false, true>>(grid, block, a);
@@ -1271,14 +1315,18 @@ Launch gemv_pair(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArg
 bool gemv_folds_norm(TensorType type, const GemvArgs& a) {
     // Every block of the launch reads the whole row (4 bytes a value) after its wait, all at
     // once and from the same lines of L2: fold only where that is at most `budget` bytes in all.
-    // EDGERUNNER_CUDA_FOLD_NORM=0: never, =all: always, =N: N KiB (for measurements).
+    // EDGERUNNER_CUDA_FOLD_NORM=0: never, =all: always, =N: N KiB (for measurements; the float
+    // formats too, which otherwise always fold: each of their warps reads the whole row anyway).
+    static const char* env = std::getenv("EDGERUNNER_CUDA_FOLD_NORM");
     static const int64_t budget = []() -> int64_t {
-        const char* env = std::getenv("EDGERUNNER_CUDA_FOLD_NORM");
         if (!env) return kFoldBudget;
         if (std::string(env) == "all") return std::numeric_limits<int64_t>::max();
         return static_cast<int64_t>(std::atoll(env)) * 1024;
     }();
-    if (budget <= 0 || !gemv_wants_q8(type) || a.n_tokens != 1 || a.cols % 32 != 0 || a.cols > kMaxFoldCols) return false;
+    if (budget <= 0 || a.n_tokens != 1 || a.cols % 32 != 0 || a.cols > kMaxFoldCols) return false;
+    if (type == TensorType::F32 || type == TensorType::F16 || type == TensorType::BF16)
+        return !env || (gemv_rows(a) + kWarpsPerBlock - 1) / kWarpsPerBlock * a.cols * 4 <= budget;
+    if (!gemv_wants_q8(type)) return false;
     // the short-row kernel's grid of (about) the blocks the SMs hold (three of eight warps), the
     // staged kernel's blocks (of 32 warps where it writes the int8 copy)
     const int64_t blocks = rows_wanted(a) ? std::min<int64_t>(3 * sm_count(), ((a.part[0].rows + 1) / 2 + kRowsWarps - 1) / kRowsWarps)

@@ -223,8 +223,10 @@ struct Step {
     int32_t tag_ordinal = -1;   // gated Gemv: stores its values tagged for the quantize kernel after it (tags_for_next), this
                                 //   ordinal among the step's tagged launches
     bool pair_next = false;     // Gemv: one launch with the next step's GEMV (pairs_with_next, gemv_pairs)
-    int32_t readers[3] = {};    // Norm: the GEMV steps that read its output (all of int8 formats, taking its int8 copy) ...
+    int32_t readers[3] = {};    // Norm: the GEMV steps that read its output (all of int8 formats, taking its int8 copy, or all
+                                //   of float formats, taking the floats) ...
     int32_t n_readers = 0;      // ... and how many: none where the norm cannot be folded into them
+    bool readers_q8 = false;    // ... and which: int8
     bool folded = false;        // Norm: folded into those GEMVs in one-token steps (norm_folds, decided at load)
     bool by_producer = false;   // Norm: its int8 copy written by the GEMV before it in one-token steps (norm_by_producer, at load)
     bool by_embed = false;      // Norm: its int8 copy written by the embedding before it in one-token steps (norm_by_embed, at load)
@@ -749,14 +751,18 @@ void Runner::fuse() {
 
 void Runner::find_readers(size_t k) {
     Step& s = steps_[k];
-    if (s.op.accumulate || !s.q_out) return;  // (a norm into the residual; a norm no GEMV reads as int8)
+    if (s.op.accumulate) return;  // (a norm into the residual)
     const Buf out = s.op.out;
     int32_t readers[3], n = 0;
     for (size_t j = k + 1; j < steps_.size(); ++j) {
         const Step& t = steps_[j];
         if (t.kind == Step::Gemv && t.op.in == out) {
-            // (one that quantizes the float row itself, the copy made stale by a step between, reads the row)
-            if (!gemv_wants_q8(t.op.weight->type) || t.quantize || n == 3) return;
+            // all int8 readers of its int8 copy, or all float-format readers of the floats (one that
+            // quantizes the float row itself, the copy made stale by a step between, reads the row)
+            const TensorType type = t.op.weight->type;
+            const bool q8 = gemv_wants_q8(type), floats = type == TensorType::F32 || type == TensorType::F16 || type == TensorType::BF16;
+            if (!(q8 ? s.q_out && !t.quantize : floats && !s.q_out) || (n > 0 && q8 != s.readers_q8) || n == 3) return;
+            s.readers_q8 = q8;
             readers[n++] = static_cast<int32_t>(j);
             continue;
         }
@@ -788,7 +794,7 @@ bool Runner::norm_folds(size_t k, StepBlock* b) const {
 
 bool Runner::norm_by_producer(size_t k, StepBlock* b) const {
     const Step& s = steps_[k];
-    if (s.kind != Step::Norm || s.n_readers == 0 || k == 0) return false;
+    if (s.kind != Step::Norm || s.n_readers == 0 || !s.readers_q8 || k == 0) return false;
     const Step& p = steps_[k - 1];
     if (p.kind != Step::Gemv || !p.op.accumulate || p.n_parts != 1 || p.glu != cuda::Glu::None || p.parts[0]->out != s.op.in ||
         p.op.weight->rows != width(s.op.in) || width(s.op.in) != c_.n_embd)
@@ -806,7 +812,7 @@ bool Runner::norm_by_embed(size_t k) const {
         return !(env && std::string(env) == "0");
     }();
     const Step& s = steps_[k];
-    return enabled && s.kind == Step::Norm && k == 1 && steps_[0].kind == Step::Embed && s.op.in == Buf::X && s.n_readers > 0 &&
+    return enabled && s.kind == Step::Norm && k == 1 && steps_[0].kind == Step::Embed && s.op.in == Buf::X && s.n_readers > 0 && s.readers_q8 &&
            width(Buf::X) % 32 == 0 && width(Buf::X) <= kEmbedNormMaxCols;
 }
 
