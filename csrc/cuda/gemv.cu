@@ -48,11 +48,12 @@ constexpr int64_t kFoldBudget = 1 << 20;  // gemv_folds_norm (the int8 formats)
 constexpr int fold_passes(int warps) { return static_cast<int>(kMaxFoldCols / 4 / (32 * warps)); }
 constexpr int kFloatFoldPasses = fold_passes(kWarpsPerBlock);
 
-// A folded RMSNorm for a one-token float GEMV (GemvArgs::norm), by the whole block: before the
-// wait for the input the norm's weight into `normed` (a.cols floats of shared memory, float4 i by
-// thread i % blockDim.x: no barrier; not held in registers, which the GEMV's loads want), after it
-// norm(a.norm.x) over it, then the block's barrier, by the RmsNorm kernel's arithmetic
-// (rms_norm.cuh): the bits of its output, whatever the block size.
+// A one-token float GEMV's input in shared memory (Gemv's kStaged: `xs`, a.cols floats), by the
+// whole block, then its barrier: a.x as it is, or with a folded RMSNorm (GemvArgs::norm) the norm of
+// a.norm.x: before the wait for the input the norm's weight into xs (float4 i by thread
+// i % blockDim.x: no barrier; not held in registers, which the GEMV's loads want), after it the
+// normed row over it, by the RmsNorm kernel's arithmetic (rms_norm.cuh): the bits of its output,
+// whatever the block size.
 __device__ __forceinline__ void stage_norm_weight(const GemvArgs& a, float4* normed) {
     const float4* g = reinterpret_cast<const float4*>(a.norm.w);
     for (int i = threadIdx.x; i < a.cols / 4; i += blockDim.x) normed[i] = g[i];
@@ -70,6 +71,13 @@ __device__ __forceinline__ void stage_normed_floats(const GemvArgs& a, float4* n
     }
     __syncthreads();
 }
+__device__ __forceinline__ void stage_x(const GemvArgs& a, float4* xs) {
+    const float4* x = reinterpret_cast<const float4*>(a.x);
+    const int n4 = static_cast<int>(a.cols / 4);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) xs[i] = x[i];
+    __syncthreads();
+}
 
 // Tokens [NT·blockIdx.y, +NT): each weight unit is loaded once for NT tokens. Before it waits
 // for its input, each warp pulls its whole row towards L2 (the weights do not depend on the
@@ -80,18 +88,20 @@ __device__ __forceinline__ void stage_normed_floats(const GemvArgs& a, float4* n
 // one-token GEMV of 16-bit values whose rows take more than one step of loads (kAhead: a 1B's
 // down projection, four) issues each step's loads before the sums of the one before, so a warp
 // keeps its row's bytes in flight from its first step to its last (`loads_ahead`). A one-token
-// float GEMV may fold in the RMSNorm before it (kNorm: GemvArgs::norm, stage_normed_floats): each
-// block normalizes the row itself into shared memory, the warps read it there.
+// float GEMV may read its input from shared memory (kStaged, `stages_x`: each block copies it
+// there once, rather than each warp reading it all from L2, 4 bytes a value against the weights'
+// 2), and fold in the RMSNorm before it (GemvArgs::norm, stage_normed_floats): each block then
+// normalizes the row itself into shared memory.
 template <bool kBounded>
 struct GemvBounds {};
 template <>
 struct GemvBounds<true> {
     static constexpr int kBlockThreads = 32 * kWarpsPerBlock, kMinBlocks = 4;
 };
-template <TensorType T, int NT, bool kGated = false, bool kAhead = false, bool kNorm = false>
+template <TensorType T, int NT, bool kGated = false, bool kAhead = false, bool kStaged = false>
 struct Gemv : GemvBounds<kFloatWeights<T> && kGated> {
     static_assert(!kAhead || (kFloatWeights<T> && !kGated && NT == 1), "loads a step ahead: plain one-token float GEMVs");
-    static_assert(!kNorm || (kFloatWeights<T> && NT == 1), "a folded norm: one-token float GEMVs");
+    static_assert(!kStaged || (kFloatWeights<T> && NT == 1), "the input in shared memory: one-token float GEMVs");
     using Args = GemvArgs;
     static __device__ void run(const Args& a) {
         allow_next();
@@ -105,21 +115,22 @@ struct Gemv : GemvBounds<kFloatWeights<T> && kGated> {
         }
         const bool gated = kFloatWeights<T> ? kGated : a.glu != Glu::None;
         const bool has_row = r < field(a, p, &GemvPart::rows);
-        if (!kNorm && !has_row) return wait_inputs();  // (kNorm: every warp stages the norm's row)
+        if (!kStaged && !has_row) return wait_inputs();  // (kStaged: every warp stages the input)
         const uint8_t* row = field(a, p, &GemvPart::w) + static_cast<size_t>(r) * a.row_bytes;
         const uint8_t* row2 = gated ? a.part[1].w + static_cast<size_t>(r) * a.row_bytes : row;
         if (has_row) {
             prefetch_l2(row, a.row_bytes, lane, 32);
             if (gated) prefetch_l2(row2, a.row_bytes, lane, 32);
         }
-        __shared__ float4 normed[kNorm ? kMaxFoldCols / 4 : 1];  // (kNorm: the input, normed here)
-        if constexpr (kNorm) stage_norm_weight(a, normed);
+        extern __shared__ float4 gemv_xs[];  // (kStaged: the input, a.cols floats)
+        if (kStaged && a.norm.x) stage_norm_weight(a, gemv_xs);
         wait_inputs();
         const float* x_in = a.x;
-        if constexpr (kNorm) {
-            stage_normed_floats(a, normed);
+        if constexpr (kStaged) {
+            if (a.norm.x) stage_normed_floats(a, gemv_xs);
+            else stage_x(a, gemv_xs);
             if (!has_row) return;
-            x_in = reinterpret_cast<const float*>(normed);
+            x_in = reinterpret_cast<const float*>(gemv_xs);
         }
 
         const int64_t t0 = static_cast<int64_t>(blockIdx.y) * NT;
@@ -1060,17 +1071,38 @@ bool loads_ahead(const GemvArgs& a) {
     return wanted && a.cols / Unit<T>::kPer16 > 32 * kFloatSteps;
 }
 
+// Whether a one-token float GEMV reads its input from shared memory (Gemv's kStaged): with a norm
+// folded in always, else where EDGERUNNER_CUDA_FLOAT_STAGE is not 0 (for measurements) and the
+// row fits.
+template <class K>
+bool stages_x(const GemvArgs& a) {
+    static const bool enabled = [] {
+        const char* env = std::getenv("EDGERUNNER_CUDA_FLOAT_STAGE");
+        return !(env && std::string(env) == "0");
+    }();
+    static PerGpu<size_t> limit;
+    return a.norm.x || (enabled && static_cast<size_t>(a.cols) * 4 <= limit([](int) { return max_dynamic_smem<K>(smem_per_block()); }));
+}
+template <class K>
+Launch staged_float(const GemvArgs& a, dim3 grid, dim3 block) {
+    allow_smem<K>(max_dynamic_smem<K>(smem_per_block()));
+    return make_launch<K>(grid, block, a, static_cast<size_t>(a.cols) * 4);
+}
+
 // The plain GEMV of NT tokens a block (Gemv); the float formats' gated pair as a kernel of its own,
-// their one-token rows of several steps loaded ahead, and their one-token GEMVs with a norm folded in.
+// their one-token rows of several steps loaded ahead, and their one-token GEMVs' input in shared
+// memory (with a norm folded in or not).
 template <TensorType T, int NT>
 Launch plain(const GemvArgs& a, dim3 grid, dim3 block) {
     if constexpr (kFloatWeights<T>) {
-        if constexpr (NT == 1)
-            if (a.norm.x) {
-                if (a.glu != Glu::None) return make_launch<Gemv<T, 1, true, false, true>>(grid, block, a);
-                if (loads_ahead<T>(a)) return make_launch<Gemv<T, 1, false, true, true>>(grid, block, a);
-                return make_launch<Gemv<T, 1, false, false, true>>(grid, block, a);
-            }
+        if constexpr (NT == 1) {
+            using Gated = Gemv<T, 1, true, false, true>;
+            using Ahead = Gemv<T, 1, false, true, true>;
+            using Plain = Gemv<T, 1, false, false, true>;
+            if (a.glu != Glu::None && stages_x<Gated>(a)) return staged_float<Gated>(a, grid, block);
+            if (a.glu == Glu::None && loads_ahead<T>(a) && stages_x<Ahead>(a)) return staged_float<Ahead>(a, grid, block);
+            if (a.glu == Glu::None && !loads_ahead<T>(a) && stages_x<Plain>(a)) return staged_float<Plain>(a, grid, block);
+        }
         if (a.glu != Glu::None) return make_launch<Gemv<T, NT, true>>(grid, block, a);
         if constexpr (NT == 1)
             if (loads_ahead<T>(a)) return make_launch<Gemv<T, 1, false, true>>(grid, block, a);
