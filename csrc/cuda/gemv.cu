@@ -46,97 +46,61 @@ constexpr int kFloatSteps = 8;  // 16-byte loads a lane issues before their sums
 constexpr int64_t kMaxFoldCols = 4096;
 constexpr int64_t kFoldBudget = 1 << 20;  // gemv_folds_norm (the int8 formats)
 constexpr int fold_passes(int warps) { return static_cast<int>(kMaxFoldCols / 4 / (32 * warps)); }
-constexpr int kFloatFoldPasses = fold_passes(kWarpsPerBlock);
 
-// A one-token float GEMV's input in shared memory (Gemv's kStaged: `xs`, a.cols floats), by the
-// whole block, then its barrier: a.x as it is, or with a folded RMSNorm (GemvArgs::norm) the norm of
-// a.norm.x: before the wait for the input the norm's weight into xs (float4 i by thread
-// i % blockDim.x: no barrier; not held in registers, which the GEMV's loads want), after it the
-// normed row over it, by the RmsNorm kernel's arithmetic (rms_norm.cuh): the bits of its output,
-// whatever the block size.
-__device__ __forceinline__ void stage_norm_weight(const GemvArgs& a, float4* normed) {
-    const float4* g = reinterpret_cast<const float4*>(a.norm.w);
-    for (int i = threadIdx.x; i < a.cols / 4; i += blockDim.x) normed[i] = g[i];
-}
-__device__ __forceinline__ void stage_normed_floats(const GemvArgs& a, float4* normed) {
-    __shared__ float unit_ss[kMaxFoldCols / 32];
-    const int n4 = static_cast<int>(a.cols / 4);
-    float4 v[kFloatFoldPasses];
-    load_row(reinterpret_cast<const float4*>(a.norm.x), n4, v);
-    const float scale = block_rms_scale(v, n4, a.cols, a.norm.eps, unit_ss);
-#pragma unroll
-    for (int k = 0; k < kFloatFoldPasses; ++k) {
-        const int i = threadIdx.x + k * blockDim.x;
-        if (i < n4) normed[i] = normed4(v[k], scale, normed[i]);
+// The warp's row of a GEMV of one row (or gate and up row pair) a warp, kWarpsPerBlock a block:
+// its part p and its row r in that part.
+__device__ __forceinline__ void warp_row(const GemvArgs& a, int& p, int64_t& r) {
+    r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+    p = 0;
+    if (a.glu == Glu::None) {
+        if (a.n_parts > 1 && r >= a.part[0].rows) r -= a.part[0].rows, p = 1;
+        if (p == 1 && a.n_parts > 2 && r >= a.part[1].rows) r -= a.part[1].rows, p = 2;
     }
-    __syncthreads();
-}
-__device__ __forceinline__ void stage_x(const GemvArgs& a, float4* xs) {
-    const float4* x = reinterpret_cast<const float4*>(a.x);
-    const int n4 = static_cast<int>(a.cols / 4);
-#pragma unroll 4
-    for (int i = threadIdx.x; i < n4; i += blockDim.x) xs[i] = x[i];
-    __syncthreads();
 }
 
-// Tokens [NT·blockIdx.y, +NT): each weight unit is loaded once for NT tokens. Before it waits
-// for its input, each warp pulls its whole row towards L2 (the weights do not depend on the
-// previous kernel). Float weights (F32, F16, BF16) are read 16 bytes a lane at a time, their
-// rows and the activations on 16-byte boundaries (check_rows_aligned), gated or not known at
-// compile time (kGated: a plain GEMV's registers, and so its warps an SM, do not pay for the
-// gated pair's loads in flight; the gated one held to four blocks an SM, 128 registers). A plain
-// one-token GEMV of 16-bit values whose rows take more than one step of loads (kAhead: a 1B's
-// down projection, four) issues each step's loads before the sums of the one before, so a warp
-// keeps its row's bytes in flight from its first step to its last (`loads_ahead`). A one-token
-// float GEMV may read its input from shared memory (kStaged, `stages_x`: each block copies it
-// there once, rather than each warp reading it all from L2, 4 bytes a value against the weights'
-// 2), and fold in the RMSNorm before it (GemvArgs::norm, stage_normed_floats): each block then
-// normalizes the row itself into shared memory.
-template <bool kBounded>
-struct GemvBounds {};
-template <>
-struct GemvBounds<true> {
-    static constexpr int kBlockThreads = 32 * kWarpsPerBlock, kMinBlocks = 4;
-};
-template <TensorType T, int NT, bool kGated = false, bool kAhead = false, bool kStaged = false>
-struct Gemv : GemvBounds<kFloatWeights<T> && kGated> {
-    static_assert(!kAhead || (kFloatWeights<T> && !kGated && NT == 1), "loads a step ahead: plain one-token float GEMVs");
-    static_assert(!kStaged || (kFloatWeights<T> && NT == 1), "the input in shared memory: one-token float GEMVs");
+// A warp's sums for tokens t0 .. t0 + nt - 1 of row r of part p reduced and stored (or added: the
+// residual; or act(gate)·up where gated).
+template <int NT>
+__device__ __forceinline__ void store_sums(const GemvArgs& a, int p, int64_t r, int64_t t0, int nt, const float (&sum)[NT],
+                                           const float (&sum2)[NT], bool gated) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        if (t >= nt) break;
+        float v = warp_sum(sum[t]);
+        if (gated) v = gate_act(a.glu, v) * warp_sum(sum2[t]);
+        if (threadIdx.x % 32 == 0) {
+            if (const float* bias = field(a, p, &GemvPart::bias)) v += bias[r];
+            float* out = field(a, p, &GemvPart::y) + (t0 + t) * field(a, p, &GemvPart::y_stride) + r;
+            *out = a.accumulate ? *out + v : v;
+        }
+    }
+}
+
+// Tokens [NT·blockIdx.y, +NT) of the formats that take no staged kernel here: the int8 formats'
+// several-token GEMV (each weight unit loaded once for NT tokens, in the one-token kernel's order:
+// the same sums) and Q8_K's. Before it waits for its input, each warp pulls its whole row towards
+// L2 (the weights do not depend on the previous kernel).
+template <TensorType T, int NT>
+struct Gemv {
     using Args = GemvArgs;
     static __device__ void run(const Args& a) {
         allow_next();
         const int lane = threadIdx.x % 32;
-        int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-        // which part the warp's row is in
-        int p = 0;
-        if (a.glu == Glu::None) {
-            if (a.n_parts > 1 && r >= a.part[0].rows) r -= a.part[0].rows, p = 1;
-            if (p == 1 && a.n_parts > 2 && r >= a.part[1].rows) r -= a.part[1].rows, p = 2;
-        }
-        const bool gated = kFloatWeights<T> ? kGated : a.glu != Glu::None;
-        const bool has_row = r < field(a, p, &GemvPart::rows);
-        if (!kStaged && !has_row) return wait_inputs();  // (kStaged: every warp stages the input)
+        int p;
+        int64_t r;
+        warp_row(a, p, r);
+        const bool gated = a.glu != Glu::None;
+        if (r >= field(a, p, &GemvPart::rows)) return wait_inputs();
         const uint8_t* row = field(a, p, &GemvPart::w) + static_cast<size_t>(r) * a.row_bytes;
         const uint8_t* row2 = gated ? a.part[1].w + static_cast<size_t>(r) * a.row_bytes : row;
-        if (has_row) {
-            prefetch_l2(row, a.row_bytes, lane, 32);
-            if (gated) prefetch_l2(row2, a.row_bytes, lane, 32);
-        }
-        extern __shared__ float4 gemv_xs[];  // (kStaged: the input, a.cols floats)
-        if (kStaged && a.norm.x) stage_norm_weight(a, gemv_xs);
+        prefetch_l2(row, a.row_bytes, lane, 32);
+        if (gated) prefetch_l2(row2, a.row_bytes, lane, 32);
         wait_inputs();
-        const float* x_in = a.x;
-        if constexpr (kStaged) {
-            if (a.norm.x) stage_normed_floats(a, gemv_xs);
-            else stage_x(a, gemv_xs);
-            if (!has_row) return;
-            x_in = reinterpret_cast<const float*>(gemv_xs);
-        }
 
         const int64_t t0 = static_cast<int64_t>(blockIdx.y) * NT;
         const int nt = static_cast<int>(a.n_tokens - t0 < NT ? a.n_tokens - t0 : NT);
         float sum[NT] = {}, sum2[NT] = {};
-        // lane l takes units l, l + 32, ... (in the one-token kernel's order: the same sums)
+        // lane l takes units l, l + 32, ...
         if constexpr (QuantDot<T>::kFast) {
             const QBlock* xq = a.xq + t0 * a.xq_stride;
             for (int64_t u = lane; u < a.cols / 32; u += 32)
@@ -147,49 +111,6 @@ struct Gemv : GemvBounds<kFloatWeights<T> && kGated> {
                     sum[t] += QuantDot<T>::dot(row, u, x);
                     if (gated) sum2[t] += QuantDot<T>::dot(row2, u, x);
                 }
-        } else if constexpr (kFloatWeights<T>) {
-            // lane l takes 16 bytes at a time (kPer16 values), pieces l, l + 32, ...: a warp reads
-            // 512 contiguous bytes a step, kFloatSteps steps' loads (a 1B's whole row of 2048 F16
-            // values) issued before their sums (kAhead: and before the step before's); the raw bytes
-            // held, not floats
-            constexpr int kV = Unit<T>::kPer16;
-            const float* x = x_in + t0 * a.x_stride;
-            const int64_t pieces = a.cols / kV;
-            const uint4* w4 = reinterpret_cast<const uint4*>(row);
-            const uint4* w4b = reinterpret_cast<const uint4*>(row2);
-            // the step from piece c0 on: lane's pieces c0, c0 + 32, ... of the row (and its up row)
-            auto load = [&](uint4(&w)[kFloatSteps], uint4(&w2)[kFloatSteps], int64_t c0) {
-#pragma unroll
-                for (int i = 0; i < kFloatSteps; ++i)
-                    if (c0 + 32 * i < pieces) {
-                        w[i] = __ldcs(w4 + c0 + 32 * i);
-                        if (gated) w2[i] = __ldcs(w4b + c0 + 32 * i);
-                    }
-            };
-            uint4 w[kFloatSteps], w2[kFloatSteps], next[kAhead ? kFloatSteps : 1];
-            if constexpr (kAhead) load(w, w2, lane);
-            for (int64_t c0 = lane; c0 < pieces; c0 += kFloatSteps * 32) {
-                if constexpr (kAhead) {
-                    load(next, w2, c0 + kFloatSteps * 32);  // (the next step's: past the row's end, none)
-                } else {
-                    load(w, w2, c0);
-                }
-#pragma unroll
-                for (int i = 0; i < kFloatSteps; ++i) {
-                    const int64_t c = c0 + 32 * i;
-                    if (c >= pieces) break;
-#pragma unroll
-                    for (int t = 0; t < NT; ++t) {
-                        if (t >= nt) break;
-                        const float* xc = x + t * a.x_stride + kV * c;
-                        sum[t] += Unit<T>::dot16(w[i], xc);
-                        if (gated) sum2[t] += Unit<T>::dot16(w2[i], xc);
-                    }
-                }
-                if constexpr (kAhead)
-#pragma unroll
-                    for (int i = 0; i < kFloatSteps; ++i) w[i] = next[i];
-            }
         } else {
             const float* x = a.x + t0 * a.x_stride;
             for (int64_t u = lane; u < a.cols / 32; u += 32)
@@ -200,17 +121,141 @@ struct Gemv : GemvBounds<kFloatWeights<T> && kGated> {
                     if (gated) sum2[t] += Unit<T>::dot(row2, u, x + t * a.x_stride + 32 * u);
                 }
         }
+        store_sums(a, p, r, t0, nt, sum, sum2, gated);
+    }
+};
+
+// A one-token float GEMV's input in shared memory (FloatGemv's kStaged: `xs`), by the whole block,
+// by cp.async (every piece in flight at once, none through registers, which the GEMV's loads
+// want): a.x as it is (a.cols floats), or with a folded RMSNorm (GemvArgs::norm) the norm of
+// a.norm.x: the norm's weight into xs before the wait for the input, the residual's row after it
+// into the a.cols floats past them, then the normed row over the weight, by the RmsNorm kernel's
+// arithmetic (rms_norm.cuh): the bits of its output, whatever the block size. Each thread copies
+// float4s i, i + blockDim.x, ... and alone reads them back before the barrier.
+__device__ __forceinline__ void stage_row(const float* from, int64_t cols, float4* xs) {
+    const float4* x = reinterpret_cast<const float4*>(from);
+    for (int i = threadIdx.x; i < cols / 4; i += blockDim.x) copy16(xs + i, x + i);
+    commit();
+}
+__device__ __forceinline__ void stage_input(const GemvArgs& a, float4* xs) {
+    const int n4 = static_cast<int>(a.cols / 4);
+    if (!a.norm.x) {
+        stage_row(a.x, a.cols, xs);
+        wait_pending<0>();
+        __syncthreads();
+        return;
+    }
+    __shared__ float unit_ss[kMaxFoldCols / 32];
+    const float4* row = xs + n4;
+    stage_row(a.norm.x, a.cols, xs + n4);
+    wait_pending<0>();  // (this thread's pieces of both)
+    for (int i0 = threadIdx.x - threadIdx.x % 32; i0 < n4; i0 += blockDim.x) {  // (whole warps: unit_squares' shuffles)
+        const int i = i0 + threadIdx.x % 32;
+        const float ss = unit_squares(i < n4 ? row[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+        if (i < n4 && i % 8 == 0) unit_ss[i / 8] = ss;
+    }
+    __syncthreads();
+    const float scale = units_rms_scale(unit_ss, (n4 + 7) / 8, a.cols, a.norm.eps);
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) xs[i] = normed4(row[i], scale, xs[i]);
+    __syncthreads();
+}
+// Its shared memory, bytes.
+size_t staged_input_bytes(const GemvArgs& a) { return static_cast<size_t>(a.cols) * 4 * (a.norm.x ? 2 : 1); }
+
+// Float weights (F32, F16, BF16), tokens [NT·blockIdx.y, +NT): a warp a row (or gate and up row
+// pair, kGated: a plain GEMV's registers, and so its warps an SM, do not pay for the gated pair's
+// loads in flight; the gated one held to four blocks an SM, 128 registers), read 16 bytes a lane
+// at a time, the rows and the activations on 16-byte boundaries (check_rows_aligned): lane l takes
+// pieces l, l + 32, ... (kPer16 values each), a warp 512 contiguous bytes a step, kFloatSteps
+// steps' loads issued before their sums, the raw bytes held, not floats. The first step's loads
+// are issued before the wait for the input (the weights do not depend on the previous kernel; a
+// 1B's rows of 2048 F16 values are all in registers by then), the rest of the row pulled towards
+// L2. A one-token GEMV of 16-bit values whose rows take more than one step (kAhead: a 1B's down
+// projection, four) issues each step's loads before the sums of the one before, so a warp keeps
+// its row's bytes in flight from its first step to its last (`loads_ahead`). A one-token GEMV may
+// read its input from shared memory (kStaged, `stages_x`: each block copies it there once, rather
+// than each warp reading it all from L2, 4 bytes a value against F16's 2), and fold in the RMSNorm
+// before it (GemvArgs::norm, stage_input): each block then normalizes the row itself there.
+template <bool kBounded>
+struct GemvBounds {};
+template <>
+struct GemvBounds<true> {
+    static constexpr int kBlockThreads = 32 * kWarpsPerBlock, kMinBlocks = 4;
+};
+template <TensorType T, int NT, bool kGated = false, bool kAhead = false, bool kStaged = false>
+struct FloatGemv : GemvBounds<kGated> {
+    static_assert(kFloatWeights<T>, "float weights");
+    static_assert(!kAhead || (!kGated && NT == 1), "loads a step ahead: plain one-token GEMVs");
+    static_assert(!kStaged || NT == 1, "the input in shared memory: one-token GEMVs");
+    using Args = GemvArgs;
+    static __device__ void run(const Args& a) {
+        allow_next();
+        const int lane = threadIdx.x % 32;
+        int p;
+        int64_t r;
+        warp_row(a, p, r);
+        const bool has_row = r < field(a, p, &GemvPart::rows);
+        if (!kStaged && !has_row) return wait_inputs();  // (kStaged: every warp stages the input)
+        constexpr int kV = Unit<T>::kPer16;
+        const int64_t pieces = a.cols / kV;
+        const uint4* w4 = reinterpret_cast<const uint4*>(field(a, p, &GemvPart::w) + static_cast<size_t>(r) * a.row_bytes);
+        const uint4* w4b = kGated ? reinterpret_cast<const uint4*>(a.part[1].w + static_cast<size_t>(r) * a.row_bytes) : w4;
+        // the step from piece c0 on: lane's pieces c0, c0 + 32, ... of the row (and its up row)
+        auto load = [&](uint4(&w)[kFloatSteps], uint4(&w2)[kFloatSteps], int64_t c0) {
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            if (t >= nt) break;
-            float v = warp_sum(sum[t]);
-            if (gated) v = gate_act(a.glu, v) * warp_sum(sum2[t]);
-            if (lane == 0) {
-                if (const float* bias = field(a, p, &GemvPart::bias)) v += bias[r];
-                float* out = field(a, p, &GemvPart::y) + (t0 + t) * field(a, p, &GemvPart::y_stride) + r;
-                *out = a.accumulate ? *out + v : v;
+            for (int i = 0; i < kFloatSteps; ++i)
+                if (c0 + 32 * i < pieces) {
+                    w[i] = __ldcs(w4 + c0 + 32 * i);
+                    if (kGated) w2[i] = __ldcs(w4b + c0 + 32 * i);
+                }
+        };
+        uint4 w[kFloatSteps], w2[kFloatSteps], next[kAhead ? kFloatSteps : 1];
+        constexpr bool kFirstEarly = NT == 1;  // (several tokens' sums want the registers)
+        if (has_row) {
+            if (kFirstEarly) load(w, w2, lane);
+            const int64_t early = kFirstEarly ? 512 * kFloatSteps : 0;
+            if (a.row_bytes > early) {
+                prefetch_l2(w4 + early / 16, a.row_bytes - early, lane, 32);
+                if (kGated) prefetch_l2(w4b + early / 16, a.row_bytes - early, lane, 32);
             }
         }
+        extern __shared__ float4 gemv_xs[];  // (kStaged: the input, staged_input_bytes)
+        if (kStaged && a.norm.x) stage_row(a.norm.w, a.cols, gemv_xs);
+        wait_inputs();
+        const float* x = a.x;
+        if constexpr (kStaged) {
+            stage_input(a, gemv_xs);
+            if (!has_row) return;
+            x = reinterpret_cast<const float*>(gemv_xs);
+        }
+
+        const int64_t t0 = static_cast<int64_t>(blockIdx.y) * NT;
+        const int nt = static_cast<int>(a.n_tokens - t0 < NT ? a.n_tokens - t0 : NT);
+        x += t0 * a.x_stride;
+        float sum[NT] = {}, sum2[NT] = {};
+        for (int64_t c0 = lane; c0 < pieces; c0 += kFloatSteps * 32) {
+            if constexpr (kAhead) {
+                load(next, w2, c0 + kFloatSteps * 32);  // (the next step's: past the row's end, none)
+            } else {
+                if (!kFirstEarly || c0 != lane) load(w, w2, c0);  // (kFirstEarly: the first step's before the wait)
+            }
+#pragma unroll
+            for (int i = 0; i < kFloatSteps; ++i) {
+                const int64_t c = c0 + 32 * i;
+                if (c >= pieces) break;
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    if (t >= nt) break;
+                    const float* xc = x + t * a.x_stride + kV * c;
+                    sum[t] += Unit<T>::dot16(w[i], xc);
+                    if (kGated) sum2[t] += Unit<T>::dot16(w2[i], xc);
+                }
+            }
+            if constexpr (kAhead)
+#pragma unroll
+                for (int i = 0; i < kFloatSteps; ++i) w[i] = next[i];
+        }
+        store_sums(a, p, r, t0, nt, sum, sum2, kGated);
     }
 };
 
@@ -1081,33 +1126,34 @@ bool stages_x(const GemvArgs& a) {
         return !(env && std::string(env) == "0");
     }();
     static PerGpu<size_t> limit;
-    return a.norm.x || (enabled && static_cast<size_t>(a.cols) * 4 <= limit([](int) { return max_dynamic_smem<K>(smem_per_block()); }));
+    return a.norm.x || (enabled && staged_input_bytes(a) <= limit([](int) { return max_dynamic_smem<K>(smem_per_block()); }));
 }
 template <class K>
 Launch staged_float(const GemvArgs& a, dim3 grid, dim3 block) {
     allow_smem<K>(max_dynamic_smem<K>(smem_per_block()));
-    return make_launch<K>(grid, block, a, static_cast<size_t>(a.cols) * 4);
+    return make_launch<K>(grid, block, a, staged_input_bytes(a));
 }
 
-// The plain GEMV of NT tokens a block (Gemv); the float formats' gated pair as a kernel of its own,
-// their one-token rows of several steps loaded ahead, and their one-token GEMVs' input in shared
-// memory (with a norm folded in or not).
+// The plain GEMV of NT tokens a block: Gemv, or for the float formats FloatGemv (the gated pair as
+// a kernel of its own, one-token rows of several steps loaded ahead, one-token inputs in shared
+// memory, with a norm folded in or not).
 template <TensorType T, int NT>
 Launch plain(const GemvArgs& a, dim3 grid, dim3 block) {
     if constexpr (kFloatWeights<T>) {
         if constexpr (NT == 1) {
-            using Gated = Gemv<T, 1, true, false, true>;
-            using Ahead = Gemv<T, 1, false, true, true>;
-            using Plain = Gemv<T, 1, false, false, true>;
+            using Gated = FloatGemv<T, 1, true, false, true>;
+            using Ahead = FloatGemv<T, 1, false, true, true>;
+            using Plain = FloatGemv<T, 1, false, false, true>;
             if (a.glu != Glu::None && stages_x<Gated>(a)) return staged_float<Gated>(a, grid, block);
             if (a.glu == Glu::None && loads_ahead<T>(a) && stages_x<Ahead>(a)) return staged_float<Ahead>(a, grid, block);
             if (a.glu == Glu::None && !loads_ahead<T>(a) && stages_x<Plain>(a)) return staged_float<Plain>(a, grid, block);
+            if (a.glu == Glu::None && loads_ahead<T>(a)) return make_launch<FloatGemv<T, 1, false, true>>(grid, block, a);
         }
-        if (a.glu != Glu::None) return make_launch<Gemv<T, NT, true>>(grid, block, a);
-        if constexpr (NT == 1)
-            if (loads_ahead<T>(a)) return make_launch<Gemv<T, 1, false, true>>(grid, block, a);
+        if (a.glu != Glu::None) return make_launch<FloatGemv<T, NT, true>>(grid, block, a);
+        return make_launch<FloatGemv<T, NT>>(grid, block, a);
+    } else {
+        return make_launch<Gemv<T, NT>>(grid, block, a);
     }
-    return make_launch<Gemv<T, NT>>(grid, block, a);
 }
 
 // A step of one token (decode) takes the one-token kernel; several tokens share weight loads

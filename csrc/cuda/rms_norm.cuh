@@ -50,6 +50,15 @@ __device__ __forceinline__ float units_rms_scale(const float* unit_ss, int n_uni
     return 1.0f / sqrtf(total / static_cast<float>(n) + eps);
 }
 
+// The sum of squares of the 32-value unit whose eight float4s eight consecutive lanes hold (all
+// 32 lanes call it; every lane of the eight gets the same bits).
+__device__ __forceinline__ float unit_squares(float4 v) {
+    float ss = squares4(v);
+#pragma unroll
+    for (int offset = 1; offset < 8; offset *= 2) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, offset);
+    return ss;
+}
+
 // 1 / rms of the row held in v (load_row), by the whole block; unit_ss: (n4 + 7) / 8 floats of
 // shared memory (a row of n % 32 != 0, as a head norm's may be, ends in a part unit: its lanes
 // past the row hold zeros). Every thread gets the same bits.
@@ -59,10 +68,8 @@ __device__ __forceinline__ float block_rms_scale(const float4 (&v)[kPasses], int
 #pragma unroll
     for (int k = 0; k < kPasses; ++k) {
         const int i = threadIdx.x + k * blockDim.x;
-        if (i - lane >= n4) break;  // (the warp's lanes together: the shuffles below take all 32)
-        float ss = squares4(v[k]);
-#pragma unroll
-        for (int offset = 1; offset < 8; offset *= 2) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, offset);
+        if (i - lane >= n4) break;  // (the warp's lanes together: the shuffles take all 32)
+        const float ss = unit_squares(v[k]);
         if (i < n4 && i % 8 == 0) unit_ss[i / 8] = ss;
     }
     __syncthreads();
