@@ -59,10 +59,11 @@ def test_cuda_modes_agree_with_one_prefill(tmp_path, ttype, kv_type, shape):
     projection nor in the Q8_0 model), or
     from the one-token GEMVs that read it, each block normalizing the row itself with another
     block size (GemvArgs::norm: the small models' first norm; the wide, odd and 8B-attention models' grids
-    would read more than the fold's budget); a float model's one-token GEMVs fold every norm
-    before them, each block keeping the normed floats in shared memory (the norm kernel's bits;
-    the wide F16 model's gate·up pairs, the 8B-attention BF16 model's Q·K·V rows loaded a step
-    ahead). The long-head model's 20000 short LM-head rows
+    would read more than the fold's budget); a float model's one-token GEMVs read their input from
+    shared memory, each block's copy, and the small F32 model's fold the norm before them there
+    (the norm kernel's bits), where the wide F16 model's (gate·up pairs, down rows loaded a step
+    ahead) and the 8B-attention BF16 model's (Q·K·V rows loaded a step ahead) copy its output.
+    The long-head model's 20000 short LM-head rows
     take the short-row kernel, GemvRows. The wide models (rows of 2048 values,
     heads of 128, 8192 gate·up rows: more blocks of 32 than a GPU has SMs, so their one-token
     steps quantize the down projection's input with the quantize kernel too) stream whole

@@ -1392,23 +1392,28 @@ Launch gemv_pair(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArg
 
 bool gemv_folds_norm(TensorType type, const GemvArgs& a) {
     // Every block of the launch reads the whole row (4 bytes a value) after its wait, all at
-    // once and from the same lines of L2: fold only where that is at most `budget` bytes in all.
-    // EDGERUNNER_CUDA_FOLD_NORM=0: never, =all: always, =N: N KiB (for measurements; the float
-    // formats too, which otherwise always fold: each of their warps reads the whole row anyway).
-    static const char* env = std::getenv("EDGERUNNER_CUDA_FOLD_NORM");
+    // once and from the same lines of L2: fold only where that is at most `budget` bytes in all
+    // (the int8 formats: bench/NOTES.md, fourteenth CUDA session; the float formats the same: the
+    // 1B's Q·K·V and gate·up, 6 and 16 MiB, lost 5 % folded, SmolLM2's, under 1 MiB, won 5 %:
+    // fifty-fifth session). EDGERUNNER_CUDA_FOLD_NORM=0: never, =all: always, =N: N KiB (for
+    // measurements).
     static const int64_t budget = []() -> int64_t {
+        const char* env = std::getenv("EDGERUNNER_CUDA_FOLD_NORM");
         if (!env) return kFoldBudget;
         if (std::string(env) == "all") return std::numeric_limits<int64_t>::max();
         return static_cast<int64_t>(std::atoll(env)) * 1024;
     }();
     if (budget <= 0 || a.n_tokens != 1 || a.cols % 32 != 0 || a.cols > kMaxFoldCols) return false;
-    if (type == TensorType::F32 || type == TensorType::F16 || type == TensorType::BF16)
-        return !env || (gemv_rows(a) + kWarpsPerBlock - 1) / kWarpsPerBlock * a.cols * 4 <= budget;
-    if (!gemv_wants_q8(type)) return false;
-    // the short-row kernel's grid of (about) the blocks the SMs hold (three of eight warps), the
-    // staged kernel's blocks (of 32 warps where it writes the int8 copy)
-    const int64_t blocks = rows_wanted(a) ? std::min<int64_t>(3 * sm_count(), ((a.part[0].rows + 1) / 2 + kRowsWarps - 1) / kRowsWarps)
-                                          : staged_blocks(a, a.xq_out ? 32 : kStagedWarps);
+    int64_t blocks = 0;
+    if (type == TensorType::F32 || type == TensorType::F16 || type == TensorType::BF16) {
+        blocks = (gemv_rows(a) + kWarpsPerBlock - 1) / kWarpsPerBlock;  // (FloatGemv)
+    } else {
+        if (!gemv_wants_q8(type)) return false;
+        // the short-row kernel's grid of (about) the blocks the SMs hold (three of eight warps), the
+        // staged kernel's blocks (of 32 warps where it writes the int8 copy)
+        blocks = rows_wanted(a) ? std::min<int64_t>(3 * sm_count(), ((a.part[0].rows + 1) / 2 + kRowsWarps - 1) / kRowsWarps)
+                                : staged_blocks(a, a.xq_out ? 32 : kStagedWarps);
+    }
     return budget == std::numeric_limits<int64_t>::max() || blocks * a.cols * 4 <= budget;
 }
 

@@ -143,12 +143,12 @@ bool gemv_ropes(TensorType type, const GemvArgs& args);
 // Whether args.xq_out can be given: one token of an int8 format, gated, rows a multiple of 32
 // and of one chunk of the kernel (up to 1024–2048 columns, by format).
 bool gemv_quantizes_out(TensorType type, const GemvArgs& args);
-// Whether args.norm is worth giving: one token, rows of up to 4096 values; for an int8 format (the
-// staged or short-row kernel) a grid whose blocks together read at most 1 MiB of the row after
-// their wait (each reads all of it, from L2; more cost more than the norm kernel: bench/NOTES.md,
-// fourteenth CUDA session); for a float format (F32, F16, BF16) any grid, whose warps each read the
-// whole row without it. EDGERUNNER_CUDA_FOLD_NORM=0 says never, =all always, =N with N KiB, the
-// float formats' grids too (for measurements).
+// Whether args.norm is worth giving: one token of an int8 format (the staged or short-row kernel)
+// or a float one (F32, F16, BF16: FloatGemv, its input in shared memory), rows of up to 4096
+// values, and a grid whose blocks together read at most 1 MiB of the row after their wait (each
+// reads all of it, from L2; more cost more than the norm kernel: bench/NOTES.md, fourteenth and
+// fifty-fifth CUDA sessions). EDGERUNNER_CUDA_FOLD_NORM=0 says never, =all always, =N with N KiB
+// (for measurements).
 bool gemv_folds_norm(TensorType type, const GemvArgs& args);
 // Whether args.norm_out can be given: one token of an int8 format (the staged kernel), one matrix
 // added to the residual (no gate, RoPE or int8 output), rows a multiple of 32 (its blocks hold 32)
