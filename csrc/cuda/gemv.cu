@@ -167,15 +167,17 @@ size_t staged_input_bytes(const GemvArgs& a) { return static_cast<size_t>(a.cols
 // loads in flight; the gated one held to four blocks an SM, 128 registers), read 16 bytes a lane
 // at a time, the rows and the activations on 16-byte boundaries (check_rows_aligned): lane l takes
 // pieces l, l + 32, ... (kPer16 values each), a warp 512 contiguous bytes a step, kFloatSteps
-// steps' loads issued before their sums, the raw bytes held, not floats. The first step's loads
-// are issued before the wait for the input (the weights do not depend on the previous kernel; a
-// 1B's rows of 2048 F16 values are all in registers by then), the rest of the row pulled towards
-// L2. A one-token GEMV of 16-bit values whose rows take more than one step (kAhead: a 1B's down
+// steps' loads issued before their sums, the raw bytes held, not floats. One token: the first
+// step's loads are issued before the wait for the input (the weights do not depend on the previous
+// kernel; a 1B's rows of 2048 F16 values are all in registers by then; H100: +7 % on the 1B F16,
+// bench/NOTES.md, fifty-fifth CUDA session), the rest of the row pulled towards L2 (several tokens:
+// all of it, their sums want the registers). A one-token GEMV of 16-bit values whose rows take more than one step (kAhead: a 1B's down
 // projection, four) issues each step's loads before the sums of the one before, so a warp keeps
 // its row's bytes in flight from its first step to its last (`loads_ahead`). A one-token GEMV may
 // read its input from shared memory (kStaged, `stages_x`: each block copies it there once, rather
-// than each warp reading it all from L2, 4 bytes a value against F16's 2), and fold in the RMSNorm
-// before it (GemvArgs::norm, stage_input): each block then normalizes the row itself there.
+// than each warp reading it all from L2, 4 bytes a value against F16's 2; +3 % on the 1B F16, +16 %
+// on SmolLM2 F32), and fold in the RMSNorm before it (GemvArgs::norm, stage_input): each block then
+// normalizes the row itself there.
 template <bool kBounded>
 struct GemvBounds {};
 template <>
@@ -235,7 +237,7 @@ struct FloatGemv : GemvBounds<kGated> {
         float sum[NT] = {}, sum2[NT] = {};
         for (int64_t c0 = lane; c0 < pieces; c0 += kFloatSteps * 32) {
             if constexpr (kAhead) {
-                load(next, w2, c0 + kFloatSteps * 32);  // (the next step's: past the row's end, none)
+                load(next, w2, c0 + kFloatSteps * 32);  // (the next step's: past the row's end, none; the first's before the wait)
             } else {
                 if (!kFirstEarly || c0 != lane) load(w, w2, c0);  // (kFirstEarly: the first step's before the wait)
             }
