@@ -33,7 +33,7 @@ def test_cuda_logits_close_to_float64_reference(tiny_models, case):
 # Q4_K + Q6_K super-blocks; Q4_0's and Q8_0's blocks, in groups of eight on the device (the odd
 # shape's rows of 66 and 177 units padded to whole groups); an f32 cache; wide
 # models, one with an odd shape, two with the 8B's attention shape, and one with a long LM head (below);
-# the float formats, their norms folded into the one-token GEMVs
+# the float formats (one-token GEMVs reading their input from shared memory, the small model's with the norm folded in)
 @pytest.mark.parametrize("ttype,kv_type,shape", [("Q4_K_M", "f16", "small"), ("Q4_0", "f16", "small"), ("Q8_0", "f16", "small"),
                                                  ("Q4_0", "f32", "small"), ("Q4_0", "f16", "wide"), ("Q4_K_M", "f16", "wide"),
                                                  ("Q4_K_M", "f16", "8b_attention"), ("Q8_0", "f16", "8b_attention"), ("Q4_0", "f16", "odd"),

@@ -37,7 +37,7 @@ __device__ __forceinline__ F field(const GemvArgs& a, int p, F GemvPart::*f) {
 }
 
 template <TensorType T>
-constexpr bool kFloatWeights = T == TensorType::F32 || T == TensorType::F16 || T == TensorType::BF16;
+constexpr bool kFloatWeights = float_weights(T);
 
 constexpr int kFloatSteps = 8;  // 16-byte loads a lane issues before their sums (float weights)
 
@@ -1331,7 +1331,7 @@ bool gemv_pairs(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArgs
 // (quant_dot.cuh): their rows (of whole groups and blocks, device_row_bytes apart) must start on
 // 16-byte boundaries, as the runner's uploads (256) and cudaMalloc give them.
 static void check_rows_aligned(TensorType type, const GemvArgs& a) {
-    const bool floats = type == TensorType::F32 || type == TensorType::F16 || type == TensorType::BF16;
+    const bool floats = float_weights(type);
     if (floats && (a.row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || a.x_stride % 4 != 0))
         throw std::logic_error("the CUDA GEMV reads " + std::string(tensor_type_name(type)) + " rows and their float activations from 16-byte boundaries");
     if (!group_bytes(type) && type != TensorType::Q4_K && !floats) return;
@@ -1407,7 +1407,7 @@ bool gemv_folds_norm(TensorType type, const GemvArgs& a) {
     }();
     if (budget <= 0 || a.n_tokens != 1 || a.cols % 32 != 0 || a.cols > kMaxFoldCols) return false;
     int64_t blocks = 0;
-    if (type == TensorType::F32 || type == TensorType::F16 || type == TensorType::BF16) {
+    if (float_weights(type)) {
         blocks = (gemv_rows(a) + kWarpsPerBlock - 1) / kWarpsPerBlock;  // (FloatGemv)
     } else {
         if (!gemv_wants_q8(type)) return false;

@@ -138,6 +138,8 @@ Launch gemv_pair(TensorType t1, const GemvArgs& a1, TensorType t2, const GemvArg
 
 // Whether the type's GEMV reads int8 activations (GemvArgs::xq) rather than floats.
 bool gemv_wants_q8(TensorType type);
+// Whether the type is a float format (F32, F16, BF16: FloatGemv, gemv.cu).
+constexpr bool float_weights(TensorType type) { return type == TensorType::F32 || type == TensorType::F16 || type == TensorType::BF16; }
 // Whether args.rope can be given: one token of an int8 format (the staged kernel), no gate.
 bool gemv_ropes(TensorType type, const GemvArgs& args);
 // Whether args.xq_out can be given: one token of an int8 format, gated, rows a multiple of 32

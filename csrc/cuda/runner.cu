@@ -760,8 +760,8 @@ void Runner::find_readers(size_t k) {
             // all int8 readers of its int8 copy, or all float-format readers of the floats (one that
             // quantizes the float row itself, the copy made stale by a step between, reads the row)
             const TensorType type = t.op.weight->type;
-            const bool q8 = gemv_wants_q8(type), floats = type == TensorType::F32 || type == TensorType::F16 || type == TensorType::BF16;
-            if (!(q8 ? s.q_out && !t.quantize : floats && !s.q_out) || (n > 0 && q8 != s.readers_q8) || n == 3) return;
+            const bool q8 = gemv_wants_q8(type);
+            if (!(q8 ? s.q_out && !t.quantize : float_weights(type) && !s.q_out) || (n > 0 && q8 != s.readers_q8) || n == 3) return;
             s.readers_q8 = q8;
             readers[n++] = static_cast<int32_t>(j);
             continue;
