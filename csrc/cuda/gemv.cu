@@ -1146,10 +1146,14 @@ Launch plain(const GemvArgs& a, dim3 grid, dim3 block) {
             using Gated = FloatGemv<T, 1, true, false, true>;
             using Ahead = FloatGemv<T, 1, false, true, true>;
             using Plain = FloatGemv<T, 1, false, false, true>;
-            if (a.glu != Glu::None && stages_x<Gated>(a)) return staged_float<Gated>(a, grid, block);
-            if (a.glu == Glu::None && loads_ahead<T>(a) && stages_x<Ahead>(a)) return staged_float<Ahead>(a, grid, block);
-            if (a.glu == Glu::None && !loads_ahead<T>(a) && stages_x<Plain>(a)) return staged_float<Plain>(a, grid, block);
-            if (a.glu == Glu::None && loads_ahead<T>(a)) return make_launch<FloatGemv<T, 1, false, true>>(grid, block, a);
+            if (a.glu != Glu::None) {
+                if (stages_x<Gated>(a)) return staged_float<Gated>(a, grid, block);
+            } else if (loads_ahead<T>(a)) {
+                if (stages_x<Ahead>(a)) return staged_float<Ahead>(a, grid, block);
+                return make_launch<FloatGemv<T, 1, false, true>>(grid, block, a);
+            } else if (stages_x<Plain>(a)) {
+                return staged_float<Plain>(a, grid, block);
+            }
         }
         if (a.glu != Glu::None) return make_launch<FloatGemv<T, NT, true>>(grid, block, a);
         return make_launch<FloatGemv<T, NT>>(grid, block, a);
