@@ -405,7 +405,9 @@ def test_emulated_cuda_float_decode_folds_every_norm(emulator, tmp_path, ttype):
     kernel's arithmetic), so one-token steps give the logits of one eval_all (steps of 8, which
     run the norm kernel) bit for bit, and leaving the norm kernels out (EDGERUNNER_CUDA_SKIP=norm,
     a measurement knob) changes none of them; with the fold off (EDGERUNNER_CUDA_FOLD_NORM=0) the
-    norm kernels run, and leaving them out does change them."""
+    norm kernels run, and leaving them out does change them. With the fold off and the input read
+    by every warp from memory (EDGERUNNER_CUDA_FLOAT_STAGE=0) the one-token steps are still those
+    logits bit for bit."""
     path = tmp_path / "m.gguf"
     write_random_model(path, arch="llama", preset="tiny", tensor_type=ttype, seed=9)
     ids = prompt(np.random.default_rng(3), 12)
@@ -415,6 +417,8 @@ def test_emulated_cuda_float_decode_folds_every_norm(emulator, tmp_path, ttype):
     assert np.array_equal(cuda_logits(emulator, path, ids, env={"EDGERUNNER_CUDA_SKIP": "norm"}, decode_from=1), folded)
     unfolded = {"EDGERUNNER_CUDA_SKIP": "norm", "EDGERUNNER_CUDA_FOLD_NORM": "0"}
     assert not np.array_equal(cuda_logits(emulator, path, ids, env=unfolded, decode_from=1), folded)
+    unstaged = {"EDGERUNNER_CUDA_FOLD_NORM": "0", "EDGERUNNER_CUDA_FLOAT_STAGE": "0"}
+    assert np.array_equal(cuda_logits(emulator, path, ids, env=unstaged, decode_from=1), full)
 
 
 @pytest.mark.parametrize("ttype,over", [("F32", {}), ("Q8_0", dict(n_kv_heads=2)), ("Q4_K", dict(dim=256, ffn_dim=512))],
