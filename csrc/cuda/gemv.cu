@@ -971,7 +971,8 @@ int64_t staged_blocks(const GemvArgs& a, int block_warps) {
     return (warps + block_warps - 1) / block_warps;
 }
 
-// The most dynamic shared memory staged kernel K may be allowed.
+// The most dynamic shared memory kernel K may be allowed (a staged GEMV, or FloatGemv with its input
+// staged), asked once per device.
 template <class K>
 size_t staged_smem_limit() {
     static PerGpu<size_t> limit;
@@ -1118,21 +1119,20 @@ bool loads_ahead(const GemvArgs& a) {
     return wanted && a.cols / Unit<T>::kPer16 > 32 * kFloatSteps;
 }
 
-// Whether a one-token float GEMV reads its input from shared memory (Gemv's kStaged): with a norm
-// folded in always, else where EDGERUNNER_CUDA_FLOAT_STAGE is not 0 (for measurements) and the
-// row fits.
+// Whether a one-token float GEMV reads its input from shared memory (FloatGemv's kStaged): with a
+// norm folded in always, else where EDGERUNNER_CUDA_FLOAT_STAGE is not 0 (for measurements) and
+// the row fits (the device's limit, asked once: staged_smem_limit).
 template <class K>
 bool stages_x(const GemvArgs& a) {
     static const bool enabled = [] {
         const char* env = std::getenv("EDGERUNNER_CUDA_FLOAT_STAGE");
         return !(env && std::string(env) == "0");
     }();
-    static PerGpu<size_t> limit;
-    return a.norm.x || (enabled && staged_input_bytes(a) <= limit([](int) { return max_dynamic_smem<K>(smem_per_block()); }));
+    return a.norm.x || (enabled && staged_input_bytes(a) <= staged_smem_limit<K>());
 }
 template <class K>
 Launch staged_float(const GemvArgs& a, dim3 grid, dim3 block) {
-    allow_smem<K>(max_dynamic_smem<K>(smem_per_block()));
+    allow_smem<K>(staged_smem_limit<K>());
     return make_launch<K>(grid, block, a, staged_input_bytes(a));
 }
 
