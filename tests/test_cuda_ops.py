@@ -62,16 +62,28 @@ def assert_matmul_close(name, rows, x, context, gemm="auto"):
     tensor-core GEMM's bf16 operands: an activation within 2^-8 of itself, a weight within
     2^-8 (|s·q| + |m|) + 2^-8 |w| (its scale and offset rounded, then s·q + m once), float sums
     rounded at most an ulp per addition: Σ |x| (2^-8 (|s·q| + |m|) + 2^-7 |w|) + n · 2^-23 · Σ|w x|,
-    all (1 + 2^-6)."""
+    all (1 + 2^-6). Its f16 operands (F16 weights, exact): an activation divided by its token's
+    scale 2^e (f16_scales) within 2^-11 of itself or, below f16's normal range, 2^-25:
+    Σ (2^-11 |x| + 2^-25 · 2^e) |w|. Its tf32 operands (F32 on Hopper's kernel): a weight and
+    an activation each within 2^-10 of itself, Σ 2^-9 |w x|."""
     type_id = quants.type_id(name)
     y = _core.cuda_matmul(type_id, rows, x, gemm)
-    err = matmul_error(name, rows, x, y, _core.cuda_matmul_activations(type_id, x.shape[0]))
+    err = matmul_error(name, rows, x, y, _core.cuda_matmul_activations(type_id, rows.shape[0], x.shape[1], x.shape[0], gemm))
     assert np.all(err <= 1), f"{name} {context}: max err {err.max():.3g} × bound at {np.unravel_index(err.argmax(), err.shape)}"
+
+
+def f16_scales(x):
+    """Per token, what the f16 copy of the activations divides its values by: 2^e, e >= 0 the
+    least that brings them under 2^15 (1 unless a value reaches 32768)."""
+    m = np.abs(x.astype(np.float64)).max(axis=1)
+    e = np.where(m >= 32768, np.frexp(m)[1] - 15, 0)
+    return np.ldexp(1.0, e)
 
 
 def matmul_error(name, rows, x, y, activations):
     """|Y − X W^T| over assert_matmul_close's bound, per element, for a matmul that multiplied
-    with `activations` ('float', 'int8' or 'bf16'); <= 1 passes (tests/test_cuda_emulated.py too)."""
+    with `activations` ('float', 'int8', 'bf16', 'f16' or 'tf32'); <= 1 passes
+    (tests/test_cuda_emulated.py too)."""
     n_tokens, n = x.shape
     assert y.shape == (n_tokens, rows.shape[0])
     w = quants.dequantize(rows.reshape(-1), name).astype(np.float64).reshape(rows.shape[0], n)
@@ -81,6 +93,12 @@ def matmul_error(name, rows, x, y, activations):
     if activations == "bf16":
         magnitude = scale_and_offset_magnitude(name, rows, w)
         bound = (1 + 2.0**-6) * (2 * bound + np.abs(x64) @ (2.0**-8 * magnitude + 2.0**-7 * np.abs(w)).T)
+    elif activations == "f16":
+        assert name == "F16"
+        x_err = 2.0**-11 * np.abs(x64) + 2.0**-25 * f16_scales(x)[:, None]
+        bound = (1 + 2.0**-6) * (2 * bound + x_err @ np.abs(w).T)
+    elif activations == "tf32":
+        bound = (1 + 2.0**-6) * (2 * bound + 2.0**-9 * (np.abs(x64) @ np.abs(w).T))
     elif activations == "int8":
         half_step = np.repeat(np.abs(x64.reshape(n_tokens, -1, 32)).max(axis=2) / 254.0, 32, axis=1)
         bound = 2 * bound + half_step @ np.abs(w).T
@@ -133,14 +151,14 @@ def test_gemv_equals_float64(name):
 
 
 # the formats whose GEMV takes int8 activations; the tensor-core GEMM takes them and the float
-# formats (their values rounded to bf16), F32 only in its mma.sync kernel
+# formats (F16 in f16, F32 in bf16 on mma.sync and tf32 on wgmma, BF16 as it is), on each kernel
 INT8_TYPES = [t for t in TYPES if t not in ("F32", "F16", "BF16", "Q8_K")]
 FLOAT_GEMM_TYPES = ["F32", "F16", "BF16"]
 GEMM_TYPES = INT8_TYPES + FLOAT_GEMM_TYPES
 
 
 def gemm_kernels(name):
-    return ["mma.sync"] if name == "F32" else GEMM_KERNELS
+    return GEMM_KERNELS
 
 
 @pytest.mark.parametrize("name", INT8_TYPES)
@@ -204,11 +222,26 @@ def test_prefill_matmul_engine_shape(name):
         assert_matmul_close(name, rows, x, f"rows=1100 n={n} tokens=600 gemm={gemm} seed {seed}", gemm)
 
 
-@pytest.mark.skipif("wgmma" not in GEMM_KERNELS, reason="this device has no wgmma kernel")
-def test_wgmma_names_the_float_format_it_does_not_take():
-    """Asked for by name, the wgmma kernel refuses F32 weights (which the mma.sync kernel takes)
-    with an error naming the format, not the device."""
-    rng = np.random.default_rng(1)
-    rows, x = random_weights("F32", 256, 1024, rng), random_activations(rng, 128, 1024)
-    with pytest.raises(ValueError, match="takes no F32 weights"):
-        _core.cuda_matmul(quants.type_id("F32"), rows, x, "wgmma")
+@pytest.mark.parametrize("gemm", GEMM_KERNELS)
+def test_prefill_f16_scales_activations_past_its_range(gemm):
+    """F16 weights multiply an f16 copy of the activations, whose range ends at 65504: a token
+    whose values reach 2^15 is divided by a power of two first, its sums multiplied back. With
+    |x| up to 20000 (no scale) and the same x times 2^20 (scale 2^20: the same f16 values), the
+    second's sums are the first's times 2^20 bit for bit, and both within the f16 bound; a
+    token of values up to 10^30 beside tokens of ordinary ones, within it too (its scale is its
+    own)."""
+    seed = random.randrange(2**32)
+    rng = np.random.default_rng(seed)
+    n = 1056
+    rows = random_weights("F16", 257, n, rng)[rng.integers(0, 257, 300)]
+    x = random_activations(rng, 130, n)
+    x = (x * (20000.0 / np.abs(x).max(axis=1, keepdims=True))).astype(np.float32)
+    big = (x * np.float32(2.0**20)).astype(np.float32)
+    context = f"gemm={gemm} seed {seed}"
+    assert_matmul_close("F16", rows, x, context, gemm)
+    assert_matmul_close("F16", rows, big, context + " (x 2^20)", gemm)
+    y, y_big = (_core.cuda_matmul(quants.type_id("F16"), rows, v, gemm) for v in (x, big))
+    assert np.array_equal(y_big, (y.astype(np.float64) * 2.0**20).astype(np.float32)), context
+    mixed = random_activations(rng, 40, n)
+    mixed[7] *= np.float32(1e29)
+    assert_matmul_close("F16", rows, mixed, context + " (one token of 1e30)", gemm)

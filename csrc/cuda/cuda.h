@@ -65,8 +65,9 @@ bool gemv_supports(TensorType type);
 bool gemv_wants_q8(TensorType type);
 
 // Whether the tensor-core GEMM runs a matmul of this type over n_tokens tokens (16 or more, any
-// format gemv_wants_q8 lists); it multiplies bf16 copies of the weights' units (made in
-// registers) and of the activations, into float sums.
+// format gemv_wants_q8 lists, and the float ones); it multiplies bf16 copies of the weights'
+// units (made in registers) and of the activations into float sums, F16 weights as they are
+// against an f16 copy of the activations, and on Hopper F32 ones in tf32 (matmul_operands).
 bool gemm_takes(TensorType type, int64_t n_tokens);
 
 // The tensor-core GEMM's two kernels: mma.sync (every GPU from sm_80) and, on Hopper with
@@ -82,5 +83,8 @@ bool gemm_has_wgmma();
 // runs, reads back.
 std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, size_t row_bytes, const float* x, int64_t n_tokens,
                           int64_t n, GemmKernel kernel = GemmKernel::Auto);
+// What that matmul multiplies with: "bf16", "f16" or "tf32" where the tensor-core GEMM runs it
+// (gemm.cu, gemm_operands), else "int8" (activations quantized 32 per scale) or "float".
+std::string matmul_operands(TensorType type, int64_t n_rows, int64_t n, int64_t n_tokens, GemmKernel kernel = GemmKernel::Auto);
 
 }  // namespace edgerunner::cuda

@@ -1,9 +1,11 @@
 // Prefill matmuls on the tensor cores: Y = W · X for a chunk of tokens, bf16 mma.m16n8k16 into
 // float accumulators. The weights are turned into bf16 operands in registers straight from their
 // raw blocks (quant_mma.cuh: the integer part exactly, then the unit's scale and offset, one
-// rounding: to_bf16; F32 and F16 values rounded to bf16 once, BF16 ones as they are), the
-// activations a bf16 copy of the input (bf16_activations, gemv.cu), so no float
-// weights are written anywhere and the accumulators need no per-block scaling. A block
+// rounding: to_bf16; F32 values rounded to bf16 once, BF16 ones as they are), the activations a
+// bf16 copy of the input (half_activations, gemv.cu), so no float weights are written anywhere
+// and the accumulators need no per-block scaling. F16 weights are multiplied as they are, in f16
+// (mma .f16), against an f16 copy of the activations (each token's values divided by a power of
+// two where they reach 2^15: its sums multiplied back on the way out, GemvArgs::xh_scale). A block
 // computes 128 weight rows × 64 tokens: 4 warps of 32 rows × all 64 tokens (a weight converted
 // once serves 64 tokens), or 8 warps of 32 rows × 32 tokens where the blocks are too few to fill
 // the GPU. The K dimension goes 128 elements a tile, each tile's raw weight bytes (the 32-element
@@ -17,7 +19,9 @@
 // On Hopper (compute capability 9.0, sm_90a code in the build) large matrices take GemmWg
 // instead: warpgroup MMA (wgmma) with both operands in shared memory, each tile's weights
 // converted once into a swizzled bf16 tile (the same to_bf16) while the tensor cores multiply
-// the previous one; 128 rows × 128 tokens a block (below). wgmma_wanted says where.
+// the previous one; 128 rows × 128 tokens a block (below). The float formats' weights go
+// straight into their tiles: BF16 and F16 as above, F32 in tf32 (its values and the float
+// activations as they are: the tensor cores read each one's top 19 bits). wgmma_wanted says where.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -99,12 +103,18 @@ struct ScaleRecord {
     }
 };
 
-// c += A · B for a 16×16 bf16 A (a0..a3: rows g and g + 8, k pairs 2t and 2t + 8) and 16×8 B (b0,
-// b1: k pairs 2t and 2t + 8 of column g).
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+// c += A · B for a 16×16 A (a0..a3: rows g and g + 8, k pairs 2t and 2t + 8) and 16×8 B (b0,
+// b1: k pairs 2t and 2t + 8 of column g), both bf16, or with kF16 both f16.
+template <bool kF16 = false>
+__device__ __forceinline__ void mma16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+    if constexpr (kF16)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // A format's pieces staged per half super-block (MmaUnit::kHalfPieces), 0: the whole block.
@@ -181,6 +191,7 @@ struct Gemm : GemmTiles<T, kBM, 16> {
     using Base::kBlockBytes, Base::kHalf, Base::kRowStride, Base::kRowStrideAligned, Base::slot_row, Base::row_at, Base::tile_byte,
         Base::tile_unit;
     static constexpr int kWarpTokens = kBN / kSplit, kThreads = 128 * kSplit;
+    static constexpr bool kF16 = T == TensorType::F16;  // f16 operands (gemm_f16_input)
     static constexpr int kBlockThreads = kThreads, kMinBlocks = kSplit == 1 ? 3 : 2;  // registers capped at 168, 128
     // a token's tile of bf16 values, + 32 bytes: the eight tokens of a fragment load land in
     // distinct banks
@@ -308,8 +319,8 @@ struct Gemm : GemmTiles<T, kBM, 16> {
                     const uint2 lo = *reinterpret_cast<const uint2*>(x), hi = *reinterpret_cast<const uint2*>(x + 32);
 #pragma unroll
                     for (int i = 0; i < 2; ++i) {
-                        mma_bf16(acc[i][j], w[i][0][0], w[i][1][0], w[i][0][1], w[i][1][1], lo.x, lo.y);
-                        mma_bf16(acc[i][j], w[i][0][2], w[i][1][2], w[i][0][3], w[i][1][3], hi.x, hi.y);
+                        mma16<kF16>(acc[i][j], w[i][0][0], w[i][1][0], w[i][0][1], w[i][1][1], lo.x, lo.y);
+                        mma16<kF16>(acc[i][j], w[i][0][2], w[i][1][2], w[i][0][3], w[i][1][3], hi.x, hi.y);
                     }
                 }
             }
@@ -334,8 +345,9 @@ struct Gemm : GemmTiles<T, kBM, 16> {
                     for (int e = 0; e < 2; ++e) {
                         const int64_t tok = n0 + wn * kWarpTokens + j * 8 + 2 * t + e;
                         if (tok >= a.n_tokens) continue;
-                        float v = acc[i][j][2 * h + e];
-                        if (gated) v = gate_act(a.glu, v) * acc[1][j][2 * h + e];
+                        const float scale = kF16 ? a.xh_scale[tok] : 1.0f;  // (f16: what the token's copy was divided by)
+                        float v = acc[i][j][2 * h + e] * scale;
+                        if (gated) v = gate_act(a.glu, v) * (acc[1][j][2 * h + e] * scale);
                         else v += bias;
                         float* out = part.y + tok * part.y_stride + r;
                         *out = a.accumulate ? *out + v : v;
@@ -352,6 +364,10 @@ struct Gemm : GemmTiles<T, kBM, 16> {
 // to three warps per scheduler) no longer bind. Both operands are K-major bf16 tiles in the
 // 128-byte swizzled layout: rows of 64 values (128 bytes) in atoms of eight rows, 16-byte chunk c
 // of row r stored at chunk c ^ (r mod 8), a tile's 128 values of K as two such columns of atoms.
+
+// What a wgmma multiplies: bf16, f16 (both k16) or tf32 (k8: each float's top 19 bits) operands;
+// 32 bytes of each K-major row a step either way.
+enum class WgOps { Bf16, F16, Tf32 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // (the helpers exist only where the kernel's body does)
 // A shared-memory matrix descriptor: K-major, 128-byte swizzle, eight-row atoms 1024 bytes apart.
@@ -379,13 +395,24 @@ __device__ __forceinline__ void wg_fence_regs(float (&d)[N]) {
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// d (64 rows × 128 tokens, float) += A (64 × 16 bf16) · B (128 × 16 bf16)ᵀ. Thread (warp w, lane
-// g·4 + t) holds d[4j + e]: row 16w + g + 8·(e / 2), token 8j + 2t + e % 2.
+// d (64 rows × 128 tokens, float) += A (64 × 32 bytes of K) · B (128 × 32 bytes of K)ᵀ. Thread
+// (warp w, lane g·4 + t) holds d[4j + e]: row 16w + g + 8·(e / 2), token 8j + 2t + e % 2.
+template <WgOps kOps>
 __device__ __forceinline__ void wgmma_m64n128(float (&d)[64], uint64_t a, uint64_t b) {
 #define ER_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-    asm volatile("{.reg .pred p; setp.ne.b32 p, %66, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;}"
-                 : ER_F8(0), ER_F8(8), ER_F8(16), ER_F8(24), ER_F8(32), ER_F8(40), ER_F8(48), ER_F8(56)
-                 : "l"(a), "l"(b), "r"(1));
+#define ER_D "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define ER_OUT ER_F8(0), ER_F8(8), ER_F8(16), ER_F8(24), ER_F8(32), ER_F8(40), ER_F8(48), ER_F8(56)
+    if constexpr (kOps == WgOps::Bf16)
+        asm volatile("{.reg .pred p; setp.ne.b32 p, %66, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ER_D ", %64, %65, p, 1, 1, 0, 0;}"
+                     : ER_OUT : "l"(a), "l"(b), "r"(1));
+    else if constexpr (kOps == WgOps::F16)
+        asm volatile("{.reg .pred p; setp.ne.b32 p, %66, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ER_D ", %64, %65, p, 1, 1, 0, 0;}"
+                     : ER_OUT : "l"(a), "l"(b), "r"(1));
+    else  // (tf32 takes K-major operands only: no transpose arguments)
+        asm volatile("{.reg .pred p; setp.ne.b32 p, %66, 0; wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 " ER_D ", %64, %65, p, 1, 1;}"
+                     : ER_OUT : "l"(a), "l"(b), "r"(1));
+#undef ER_OUT
+#undef ER_D
 #undef ER_F8
 }
 #endif
@@ -407,17 +434,22 @@ struct GemmWg : GemmTiles<T, 128, 8> {
     using Base::kBlockBytes, Base::kHalf, Base::slot_row, Base::row_at, Base::tile_byte, Base::tile_unit;
     static constexpr int kRows = 128, kN = 128, kTokens = kN, kThreads = 256, kTokenStages = 3;
     static constexpr int kBlockThreads = kThreads, kMinBlocks = 1;
-    static constexpr int kWeightTile = kRows * 128 * 2, kTokenTile = kN * 128 * 2;  // bf16 operand tiles
+    static constexpr int kWeightTile = kRows * 256, kTokenTile = kN * 256;  // operand tiles: 256 bytes of K a row
     using Rec = ScaleRecord<M>;
     static constexpr int kRecBytes = kTileUnits * kRows * Rec::kWords * 4;
     // rows on 16-byte boundaries (rows_aligned): a tile's phase in its row is its offset's
     static constexpr int kStride = kAligned ? Base::kRowStrideAligned : Base::kRowStride;
     static constexpr size_t kMaxSmem = 227 * 1024;
-    // F16 and BF16 weights (kDirect): copied straight into their swizzled weight tiles, three
-    // stages like the activations' (two tiles ahead), F16's values turned into bf16 in place by the
-    // thread that copied them; no raw stages, no scale records.
+    // The float formats' weights (kDirect): copied straight into their swizzled weight tiles, three
+    // stages like the activations' (two tiles ahead); no raw stages, no scale records, no
+    // conversion. BF16 against the bf16 activations, F16 in f16 against their f16 copy (its
+    // sums multiplied by the token's xh_scale on the way out), F32 in tf32 against the float
+    // activations themselves (GemvArgs::x), 64 values a tile: a row's tile is 256 bytes in every case.
     static constexpr bool kDirect = kFloatUnit<M>;
-    static_assert(!kDirect || sizeof(typename M::Block) == 64, "straight into the tiles: 16-bit values only");
+    static constexpr WgOps kOps = T == TensorType::F16 ? WgOps::F16 : T == TensorType::F32 ? WgOps::Tf32 : WgOps::Bf16;
+    static constexpr int kUnits = kOps == WgOps::Tf32 ? 2 : kTileUnits;  // 32-value units a K tile
+    static constexpr int kUnitSteps = kOps == WgOps::Tf32 ? 4 : 2;        // wgmma steps (of 32 bytes of K) a unit
+    static_assert(!kDirect || kUnits * sizeof(typename M::Block) == 256, "a float row's tile is 256 bytes");
     static constexpr int kWeightStages = kDirect ? 3 : 2;
     static constexpr size_t smem(int raw) {
         return 1024 + kWeightStages * kWeightTile + kTokenStages * kTokenTile + (kDirect ? 0 : static_cast<size_t>(raw) * kRows * kStride + kRecBytes);
@@ -436,7 +468,7 @@ struct GemmWg : GemmTiles<T, 128, 8> {
         const int g = lane / 4, t = lane % 4;
         const int64_t bx = blockIdx.y, n0 = static_cast<int64_t>(blockIdx.x) * kN;
         const int64_t n_units = a.cols / 32;
-        const int n_tiles = static_cast<int>((n_units + kTileUnits - 1) / kTileUnits);
+        const int n_tiles = static_cast<int>((n_units + kUnits - 1) / kUnits);
         constexpr int row_stride = kStride, n_raw = kRaw;
         uint8_t* const weights = smem;                                  // kWeightStages converted weight tiles
         uint8_t* const tokens = weights + kWeightStages * kWeightTile;  // kTokenStages activation tiles
@@ -445,7 +477,7 @@ struct GemmWg : GemmTiles<T, 128, 8> {
         auto raw_stage = [&](int k) { return raw + (k % n_raw) * (kRows * row_stride); };
         auto token_stage = [&](int k) { return tokens + (k % kTokenStages) * kTokenTile; };
         auto weight_tile = [&](int k) { return weights + (k % kWeightStages) * kWeightTile; };
-        auto units_of = [&](int k) { return static_cast<int>(min(static_cast<int64_t>(kTileUnits), n_units - static_cast<int64_t>(k) * kTileUnits)); };
+        auto units_of = [&](int k) { return static_cast<int>(min(static_cast<int64_t>(kUnits), n_units - static_cast<int64_t>(k) * kUnits)); };
 
         // Copy duties: two threads per row slot, and sixteen per token (piece tid mod 16 of tokens
         // tid / 16 + 16i). Each copy's addresses are a base register and a constant, and a token
@@ -457,8 +489,8 @@ struct GemmWg : GemmTiles<T, 128, 8> {
             if (k >= n_tiles) return;
             if constexpr (kDirect) {  // the tile's 16-byte pieces half, half + 2, ... of the row into their places
                 uint8_t* to = weight_tile(k);
-                const uint8_t* from = my_row + tile_byte(k);
-                const int pieces = units_of(k) * 4;
+                const uint8_t* from = my_row + 256 * static_cast<int64_t>(k);
+                const int pieces = units_of(k) * kBlockBytes / 16;
 #pragma unroll
                 for (int c = half; c < 16; c += 2)
                     if (c < pieces) copy16(to + wg_offset(tid / 2, c, kRows), from + 16 * c);
@@ -483,18 +515,22 @@ struct GemmWg : GemmTiles<T, 128, 8> {
                     if (2 * i + half < pieces) copy16(to + 32 * i, lo + 32 * i);
             }
         };
-        constexpr int kTokenCopies = kN * 16 / kThreads;
+        // (the activations: 16-bit values, 4 pieces a unit, or with tf32 floats, 8)
+        constexpr int kTokenCopies = kN * 16 / kThreads, kUnitPieces = kOps == WgOps::Tf32 ? 8 : 4;
         const int piece = tid % 16;
-        const uint16_t* tok_src[kTokenCopies];  // token tid / 16 + 16i's piece of the last tile copied
+        const uint8_t* tok_src[kTokenCopies];  // token tid / 16 + 16i's piece of the last tile copied
 #pragma unroll
-        for (int i = 0; i < kTokenCopies; ++i) tok_src[i] = a.xh + min(n0 + tid / 16 + 16 * i, a.n_tokens - 1) * a.xh_stride + 8 * piece;
+        for (int i = 0; i < kTokenCopies; ++i) {
+            const int64_t tok = min(n0 + tid / 16 + 16 * i, a.n_tokens - 1);
+            tok_src[i] = (kOps == WgOps::Tf32 ? reinterpret_cast<const uint8_t*>(a.x + tok * a.x_stride) : reinterpret_cast<const uint8_t*>(a.xh + tok * a.xh_stride)) + 16 * piece;
+        }
         const int tok_dst = wg_offset(tid / 16, piece, kN);  // (+ 2048 · i: the same swizzle row)
         auto copy_tokens = [&](int k) {  // (called for k = 0, 1, 2, ... in turn)
             uint8_t* to = token_stage(k) + tok_dst;
-            const bool on = k < n_tiles && piece < units_of(k) * 4;
+            const bool on = k < n_tiles && piece < units_of(k) * kUnitPieces;
 #pragma unroll
             for (int i = 0; i < kTokenCopies; ++i) {
-                if (k > 0) tok_src[i] += kTileUnits * 32;
+                if (k > 0) tok_src[i] += 256;
                 if (on) copy16(to + 2048 * i, tok_src[i]);
             }
         };
@@ -549,22 +585,6 @@ struct GemmWg : GemmTiles<T, 128, 8> {
                 wg_sync();  // the tile is in for this warpgroup's multiplies; the records are free
             }
         };
-        // kDirect, F16: this thread's pieces of tile k (landed: its copy groups are waited for) as
-        // bf16, in place (the same rounding as MmaUnit<F16>::weights)
-        auto convert_own = [&](int k) {
-            if constexpr (kDirect && T == TensorType::F16) {
-                uint8_t* w = weight_tile(k);
-                const int pieces = units_of(k) * 4;
-#pragma unroll
-                for (int c = half; c < 16; c += 2)
-                    if (c < pieces) {
-                        uint4* p = reinterpret_cast<uint4*>(w + wg_offset(tid / 2, c, kRows));
-                        const uint4 v = *p;
-                        *p = make_uint4(f16_pair_to_bf16(v.x), f16_pair_to_bf16(v.y), f16_pair_to_bf16(v.z), f16_pair_to_bf16(v.w));
-                    }
-            }
-        };
-
         // The first raw tiles (kDirect: weight tiles 0 and 1) before waiting for the input, then the
         // first two activation tiles. Copy groups: the prologue's two (raw tiles 0 .. n_raw − 1 and
         // activations 0; activations 1), then one a tile (tile k: activations k + 2, raw rows k +
@@ -580,16 +600,14 @@ struct GemmWg : GemmTiles<T, 128, 8> {
 #pragma unroll
         for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f;
         wait_pending<1>();
-        if constexpr (kDirect) {
-            convert_own(0);
-        } else {
+        if constexpr (!kDirect) {
             __syncthreads();
             prepare(0);
         }
         for (int k = 0; k < n_tiles; ++k) {
             // Tile k's activations and tile k + 1's raw rows have landed for every thread (with
-            // three raw stages they are in the groups before the newest; kDirect: tile k landed and
-            // converted last iteration), and every warpgroup is done with tile k − 1: the stages
+            // three raw stages they are in the groups before the newest; kDirect: tile k's group
+            // waited for last iteration), and every warpgroup is done with tile k − 1: the stages
             // it held are free.
             if constexpr (!kDirect) wait_pending<n_raw == 3 ? 1 : 0>();
             fence_async_smem();
@@ -604,9 +622,9 @@ struct GemmWg : GemmTiles<T, 128, 8> {
                 const uint8_t* wa = weight_tile(k) + 64 * wg * 128;
                 const uint8_t* xb = token_stage(k);
                 auto step = [&](int s) {
-                    wgmma_m64n128(acc, wg_desc(wa + (s / 4) * (kRows * 128) + (s % 4) * 32), wg_desc(xb + (s / 4) * (kN * 128) + (s % 4) * 32));
+                    wgmma_m64n128<kOps>(acc, wg_desc(wa + (s / 4) * (kRows * 128) + (s % 4) * 32), wg_desc(xb + (s / 4) * (kN * 128) + (s % 4) * 32));
                 };
-                const int steps = 2 * units_of(k);
+                const int steps = kUnitSteps * units_of(k);
                 if (steps == 8) {  // (no branch between the multiplies of a whole tile)
 #pragma unroll
                     for (int s = 0; s < 8; ++s) step(s);
@@ -618,7 +636,6 @@ struct GemmWg : GemmTiles<T, 128, 8> {
             if (k + 1 < n_tiles) {
                 if constexpr (kDirect) {
                     wait_pending<1>();  // (tile k + 1's group: all but the one just issued)
-                    convert_own(k + 1);
                 } else {
                     prepare(k + 1);  // (weight tile (k + 1) % 2: tile k − 1's multiplies are done)
                 }
@@ -642,8 +659,9 @@ struct GemmWg : GemmTiles<T, 128, 8> {
                 for (int e = 0; e < 2; ++e) {
                     const int64_t tok = n0 + j * 8 + 2 * t + e;
                     if (tok >= a.n_tokens) continue;
-                    float v = acc[4 * j + 2 * h + e];
-                    if (gated) v = gate_act(a.glu, v) * acc[4 * j + 2 + e];
+                    const float scale = kOps == WgOps::F16 ? a.xh_scale[tok] : 1.0f;  // (f16: what the token's copy was divided by)
+                    float v = acc[4 * j + 2 * h + e] * scale;
+                    if (gated) v = gate_act(a.glu, v) * (acc[4 * j + 2 + e] * scale);
                     else v += bias;
                     float* out = part.y + tok * part.y_stride + r;
                     *out = a.accumulate ? *out + v : v;
@@ -682,13 +700,10 @@ bool wgmma_device() {
 #endif
 }
 
-// Whether a format's wgmma kernel fits a block's shared memory with two raw stages (rows anywhere).
-// F16 and BF16 take it with their values copied straight into the tiles (GemmWg::kDirect); F32
-// takes the mma.sync kernel only (its 512-byte tiles would need raw stages, which do not fit).
-template <TensorType T, bool kFloat = kFloatUnit<MmaUnit<T>>>
-constexpr bool kWgmmaFits = GemmWg<T, false>::smem(2) <= GemmWg<T, false>::kMaxSmem;
+// Whether a format's wgmma kernel fits a block's shared memory with two raw stages (rows anywhere;
+// the float formats' values go straight into the tiles, GemmWg::kDirect: they need none).
 template <TensorType T>
-constexpr bool kWgmmaFits<T, true> = T == TensorType::F16 || T == TensorType::BF16;
+constexpr bool kWgmmaFits = GemmWg<T, false>::smem(GemmWg<T, false>::kDirect ? 0 : 2) <= GemmWg<T, false>::kMaxSmem;
 
 template <class K>
 Launch launch_wg(const GemvArgs& a) {
@@ -707,19 +722,32 @@ bool wgmma_wanted(const GemvArgs& a) {
     return a.cols >= 1024 && 4 * blocks >= sm_count();
 }
 
+// Whether these arguments take the wgmma kernel (else mma.sync): asked for by name, or by Auto
+// where wgmma_wanted. F32's reads the float activations, copied in 16-byte pieces.
 template <TensorType T>
-Launch launch(const GemvArgs& a, GemmKernel kernel) {
-    const bool aligned = rows_aligned(a);
-    if ((kHalfPieces<MmaUnit<T>> > 0 || kFloatUnit<MmaUnit<T>>) && !aligned)  // staged as 16-byte pieces, or read as floats
-        throw std::logic_error("the tensor-core GEMM reads " + std::string(tensor_type_name(T)) + " weights from 16-byte boundaries");
+bool takes_wgmma(const GemvArgs& a, GemmKernel kernel) {
     bool wgmma = false;
     if constexpr (kWgmmaFits<T>) wgmma = wgmma_device() && GemmWg<T, false>::kSmem <= smem_per_block();
     if (kernel == GemmKernel::Wgmma && !wgmma)
         throw std::invalid_argument(!kWgmmaFits<T> ? "the wgmma GEMM takes no " + std::string(tensor_type_name(T)) + " weights (the mma.sync kernel does)"
                                                    : std::string("the wgmma GEMM needs a compute capability 9.0 device and a build with sm_90a code"));
+    if (!wgmma || !(kernel == GemmKernel::Wgmma || (kernel == GemmKernel::Auto && wgmma_wanted(a)))) return false;
+    if (T == TensorType::F32 && (reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || a.x_stride % 4 != 0)) {
+        if (kernel == GemmKernel::Wgmma) throw std::logic_error("the wgmma GEMM reads F32 weights' float activations from 16-byte boundaries");
+        return false;
+    }
+    return true;
+}
+
+template <TensorType T>
+Launch launch(const GemvArgs& a, GemmKernel kernel) {
+    const bool aligned = rows_aligned(a);
+    if ((kHalfPieces<MmaUnit<T>> > 0 || kFloatUnit<MmaUnit<T>>) && !aligned)  // staged as 16-byte pieces, or read as floats
+        throw std::logic_error("the tensor-core GEMM reads " + std::string(tensor_type_name(T)) + " weights from 16-byte boundaries");
+    if (T == TensorType::F16 && !a.xh_scale) throw std::logic_error("the tensor-core GEMM of F16 weights needs its f16 input's per-token scales");
+    const bool wgmma = takes_wgmma<T>(a, kernel);
     if constexpr (kWgmmaFits<T>)
-        if (wgmma && (kernel == GemmKernel::Wgmma || (kernel == GemmKernel::Auto && wgmma_wanted(a))))
-            return aligned ? launch_wg<GemmWg<T, true>>(a) : launch_wg<GemmWg<T, false>>(a);
+        if (wgmma) return aligned ? launch_wg<GemmWg<T, true>>(a) : launch_wg<GemmWg<T, false>>(a);
     const int64_t rows = gemv_rows(a);
     const int64_t per_block = a.glu != Glu::None ? kBM / 2 : kBM;
     const dim3 grid(static_cast<unsigned>((a.n_tokens + kBN - 1) / kBN), static_cast<unsigned>((rows + per_block - 1) / per_block));
@@ -748,6 +776,12 @@ bool gemm_takes(TensorType type, int64_t n_tokens) {
 }
 
 bool gemm_has_wgmma() { return wgmma_device(); }
+
+const char* gemm_operands(TensorType type, const GemvArgs& a, GemmKernel kernel) {
+    if (type == TensorType::F16) return "f16";
+    if (type == TensorType::F32 && takes_wgmma<TensorType::F32>(a, kernel)) return "tf32";
+    return "bf16";
+}
 
 Launch gemm(TensorType type, const GemvArgs& a, GemmKernel kernel) {
     switch (type) {

@@ -4,6 +4,7 @@
 // store (or add: the residual; or act(gate)·up). The one-token kernel of the int8 formats stages
 // the weights through shared memory (GemvStaged).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -1256,7 +1257,7 @@ struct Quantize {
 
 // Four values per thread.
 struct ToBf16 {
-    using Args = Bf16Args;
+    using Args = HalfArgs;
     static __device__ void run(const Args& a) {
         allow_next();
         wait_inputs();
@@ -1270,6 +1271,48 @@ struct ToBf16 {
         memcpy(&out.x, &lo, 4);
         memcpy(&out.y, &hi, 4);
         *reinterpret_cast<uint2*>(a.out + t * a.out_stride + c) = out;
+    }
+};
+
+// The f16 copy (HalfArgs::f16): a block a token, its largest |value| found first, then every value
+// divided by the power of two that brings it under 2^15 (exact: 1 unless a value reaches 32768)
+// and rounded to nearest even.
+struct ToF16 {
+    using Args = HalfArgs;
+    static constexpr int kThreads = 256;
+    static __device__ void run(const Args& a) {
+        allow_next();
+        wait_inputs();
+        const int64_t t = blockIdx.x;
+        const float4* x = reinterpret_cast<const float4*>(a.x + t * a.x_stride);
+        const int n4 = static_cast<int>(a.cols / 4);
+        float m = 0.0f;
+        for (int i = threadIdx.x; i < n4; i += kThreads) {
+            const float4 v = x[i];
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        }
+        __shared__ float warp_m[kThreads / 32];
+        m = warp_max(m);
+        if (threadIdx.x % 32 == 0) warp_m[threadIdx.x / 32] = m;
+        __syncthreads();
+#pragma unroll
+        for (int w = 0; w < kThreads / 32; ++w) m = fmaxf(m, warp_m[w]);
+        int e = 0;  // (an infinite value: none; it stays infinite)
+        if (m >= 32768.0f && m <= 3.4028235e38f) {
+            frexpf(m, &e);  // m in [2^(e-1), 2^e)
+            e -= 15;
+        }
+        const float s = ldexpf(1.0f, -e);
+        uint2* out = reinterpret_cast<uint2*>(a.out + t * a.out_stride);
+        for (int i = threadIdx.x; i < n4; i += kThreads) {
+            const float4 v = x[i];
+            const __half2 lo = __floats2half2_rn(v.x * s, v.y * s), hi = __floats2half2_rn(v.z * s, v.w * s);
+            uint2 o;
+            memcpy(&o.x, &lo, 4);
+            memcpy(&o.y, &hi, 4);
+            out[i] = o;
+        }
+        if (threadIdx.x == 0) a.scale[t] = ldexpf(1.0f, e);
     }
 };
 
@@ -1497,10 +1540,16 @@ Launch quantize_activations(const QuantizeArgs& a) {
     return make_launch<Quantize>(dim3(static_cast<unsigned>((n_blocks + 7) / 8)), dim3(256), a);
 }
 
-Launch bf16_activations(const Bf16Args& a) {
+Launch half_activations(const HalfArgs& a) {
+    if (a.f16) {
+        if (!a.scale) throw std::logic_error("the f16 copy of the activations needs its per-token scales");
+        return make_launch<ToF16>(dim3(static_cast<unsigned>(a.n_tokens)), dim3(ToF16::kThreads), a);
+    }
     const int64_t n = a.n_tokens * (a.cols / 4);
     return make_launch<ToBf16>(dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), a);
 }
+
+bool gemm_f16_input(TensorType type) { return type == TensorType::F16; }
 
 Launch gemv(TensorType type, const GemvArgs& args) {
     const LaunchFn fn = launcher(type);
@@ -1664,6 +1713,7 @@ std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, 
     auto xq = device_alloc<QBlock>(static_cast<size_t>(n_tokens * q_stride) + 8);
     const int64_t h_stride = (n + 7) / 8 * 8;
     auto xh = device_alloc<uint16_t>(static_cast<size_t>(n_tokens * h_stride));
+    auto xh_scale = device_alloc<float>(static_cast<size_t>(n_tokens));
     ER_CUDA(cudaMemcpy(raw.get(), rows, static_cast<size_t>(n_rows) * row_bytes, cudaMemcpyHostToDevice));
     to_device_layout(type, raw.get(), w.get(), n_rows, n, nullptr);
     ER_CUDA(cudaMemcpy(xd.get(), x, static_cast<size_t>(n_tokens * n) * sizeof(float), cudaMemcpyHostToDevice));
@@ -1674,10 +1724,12 @@ std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, 
     args.n_tokens = n_tokens;
     args.x = xd.get();
     args.x_stride = n;
-    if (gemm_takes(type, n_tokens)) {  // (as the runner: bf16 rows on 16-byte boundaries)
-        enqueue(bf16_activations(Bf16Args{xd.get(), xh.get(), n_tokens, n, n, h_stride}), nullptr, nullptr, false);
+    if (gemm_takes(type, n_tokens)) {  // (as the runner: 16-bit rows on 16-byte boundaries)
+        const bool f16 = gemm_f16_input(type);
+        enqueue(half_activations(HalfArgs{xd.get(), xh.get(), n_tokens, n, n, h_stride, f16, f16 ? xh_scale.get() : nullptr}), nullptr, nullptr, false);
         args.xh = xh.get();
         args.xh_stride = h_stride;
+        if (f16) args.xh_scale = xh_scale.get();
     } else if (gemv_wants_q8(type)) {
         enqueue(quantize_activations(QuantizeArgs{xd.get(), xq.get(), n_tokens, n, n, q_stride}), nullptr, nullptr, false);
         args.xq = xq.get();
@@ -1687,6 +1739,16 @@ std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, 
     std::vector<float> y(static_cast<size_t>(n_tokens * n_rows));
     ER_CUDA(cudaMemcpy(y.data(), yd.get(), y.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return y;
+}
+
+std::string matmul_operands(TensorType type, int64_t n_rows, int64_t n, int64_t n_tokens, GemmKernel kernel) {
+    if (!gemm_takes(type, n_tokens)) return gemv_wants_q8(type) ? "int8" : "float";
+    GemvArgs a;  // (matmul's: one matrix, activations on 16-byte boundaries)
+    a.part[0].rows = n_rows;
+    a.cols = n;
+    a.n_tokens = n_tokens;
+    a.x_stride = n;
+    return gemm_operands(type, a, kernel);
 }
 
 double copy_bandwidth(size_t n_bytes, int reps, int gpu) {

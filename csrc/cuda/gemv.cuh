@@ -98,8 +98,9 @@ struct GemvArgs {
     int64_t x_stride = 0;
     const QBlock* xq = nullptr;  // x quantized (types where gemv_wants_q8), xq_stride blocks apart
     int64_t xq_stride = 0;
-    const uint16_t* xh = nullptr;  // x as bf16 (the tensor-core GEMM: gemm_takes), xh_stride values apart
+    const uint16_t* xh = nullptr;  // x as bf16 or f16 (the tensor-core GEMM: gemm_takes; HalfArgs), xh_stride values apart
     int64_t xh_stride = 0;
+    const float* xh_scale = nullptr;  // f16 (gemm_f16_input): per token, what its values were divided by
     bool accumulate = false;
     GemvRope rope;
     QBlock* xq_out = nullptr;  // gated: also act(gate)·up as int8 blocks (gemv_quantizes_out)
@@ -125,9 +126,14 @@ Launch gemv(TensorType type, const GemvArgs& args);
 int sm_count();
 size_t smem_per_block();
 
-// The tensor-core GEMM (gemm.cu), where gemm_takes (cuda.h): it reads the bf16 activations
-// (GemvArgs::xh, rows on 16-byte boundaries: xh and xh_stride · 2 multiples of 16).
+// The tensor-core GEMM (gemm.cu), where gemm_takes (cuda.h): it reads the 16-bit activations
+// (GemvArgs::xh, rows on 16-byte boundaries: xh and xh_stride · 2 multiples of 16), or for F32
+// weights on Hopper's kernel the float ones (x, where x and x_stride · 4 are multiples of 16).
 Launch gemm(TensorType type, const GemvArgs& args, GemmKernel kernel = GemmKernel::Auto);
+// What that GEMM's tensor cores multiply: "bf16" (weights and activations rounded to bf16),
+// "f16" (F16 weights as they are, the activations' f16 copy) or "tf32" (F32 weights and float
+// activations on Hopper's kernel: each value's top 19 bits).
+const char* gemm_operands(TensorType type, const GemvArgs& args, GemmKernel kernel = GemmKernel::Auto);
 
 // Two one-token GEMVs of different formats reading the same int8 input (Q·K and a V of another
 // type) as one launch, each half of its blocks running its own format's kernel: the second no
@@ -184,11 +190,20 @@ struct QuantizeArgs {
 };
 Launch quantize_activations(const QuantizeArgs& args);
 
-struct Bf16Args {
+// The tensor-core GEMM's 16-bit copy of its input (gemm_takes): bf16, rounded to nearest even;
+// or f16 for F16 weights (gemm_f16_input), each token's values first divided by 2^e, e >= 0 the
+// least that brings them under 2^15 (f16's range ends at 65504; e is 0 unless a value reaches
+// 32768), and 2^e written to scale[token] for the GEMM to multiply its sums by.
+struct HalfArgs {
     const float* x;  // n_tokens rows of cols floats, x_stride apart
-    uint16_t* out;   // the same as bf16 (rounded to nearest even), out_stride apart
+    uint16_t* out;   // the same as 16-bit floats, out_stride apart
     int64_t n_tokens, cols, x_stride, out_stride;
+    bool f16 = false;
+    float* scale = nullptr;  // f16: n_tokens floats
 };
-Launch bf16_activations(const Bf16Args& args);
+Launch half_activations(const HalfArgs& args);
+// Whether the tensor-core GEMM of a format multiplies an f16 copy of its input (GemvArgs::xh and
+// xh_scale, HalfArgs::f16): F16 weights, which it then takes as they are; else a bf16 copy.
+bool gemm_f16_input(TensorType type);
 
 }  // namespace edgerunner::cuda

@@ -145,7 +145,7 @@ constexpr int64_t kPrefillKernelTokens = 16;
 
 // One kernel launch: which kernel, its shape, its arguments (copied in, no allocation).
 struct Launch {
-    static constexpr size_t kMaxArgs = 808;  // (two GemvArgs and a count: StagedPair)
+    static constexpr size_t kMaxArgs = 824;  // (two GemvArgs and a count: StagedPair)
     const void* by_value = nullptr;
     const void* by_table = nullptr;
     dim3 grid, block;

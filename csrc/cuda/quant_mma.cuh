@@ -10,8 +10,8 @@
 // multiplies them with bf16 activations; no float weights are written anywhere.
 //
 // The float formats (F32, F16, BF16) have no scales: `weights(tile, u, t)` gives thread t's eight
-// elements of unit u as the bf16 pairs the mma takes, straight from the file's values (F16 and F32
-// rounded once to the nearest bf16, BF16 as it is).
+// elements of unit u as the pairs the mma takes, straight from the file's values (F32 rounded once
+// to the nearest bf16, BF16 as it is; F16 as it is, for the mma's f16 form).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -277,8 +277,9 @@ struct MmaUnit<TensorType::Q6_K> {
 };
 
 // F32, F16, BF16: a unit is 32 values as the file holds them (a staged tile: four units, rows on
-// 16-byte boundaries); thread t of a quad takes elements 4t..4t+3 and 16+4t..16+4t+3 as bf16
-// pairs (4t, 4t+1), (4t+2, 4t+3), then the same + 16.
+// 16-byte boundaries); thread t of a quad takes elements 4t..4t+3 and 16+4t..16+4t+3 as pairs
+// (4t, 4t+1), (4t+2, 4t+3), then the same + 16: bf16 pairs, or F16's as they are (the GEMM
+// multiplies F16 weights in f16).
 template <typename V>
 struct FloatUnitBlock {
     V v[32];
@@ -299,10 +300,6 @@ __device__ __forceinline__ __nv_bfloat162 bf16x2(uint32_t r) {
     return v;
 }
 __device__ __forceinline__ uint32_t bf16_bits(float lo, float hi) { return bits(__floats2bfloat162_rn(lo, hi)); }
-__device__ __forceinline__ uint32_t f16_pair_to_bf16(uint32_t w) {
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
-    return bf16_bits(f.x, f.y);
-}
 // Thread t's eight 16-bit values of unit u (64 bytes a unit), as four words of pairs.
 __device__ __forceinline__ uint4 unit_pairs16(const uint8_t* tile, int u, int t) {
     const uint8_t* p = tile + 64 * u + 8 * t;
@@ -317,10 +314,7 @@ struct MmaUnit<TensorType::BF16> : FloatMma {
 template <>
 struct MmaUnit<TensorType::F16> : FloatMma {
     using Block = FloatUnitBlock<uint16_t>;
-    static __device__ uint4 weights(const uint8_t* tile, int u, int t) {
-        const uint4 v = unit_pairs16(tile, u, t);
-        return {f16_pair_to_bf16(v.x), f16_pair_to_bf16(v.y), f16_pair_to_bf16(v.z), f16_pair_to_bf16(v.w)};
-    }
+    static __device__ uint4 weights(const uint8_t* tile, int u, int t) { return unit_pairs16(tile, u, t); }
 };
 template <>
 struct MmaUnit<TensorType::F32> : FloatMma {

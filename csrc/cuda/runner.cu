@@ -212,7 +212,7 @@ struct Step {
     int n_parts = 0;
     cuda::Glu glu = cuda::Glu::None;  // Gemv: parts are gate and up; Glu: the activation
     bool quantize = false;     // Gemv: quantize op.in first
-    bool input_ready = false;  // Gemv: an earlier matmul's int8 (or, in prefill, bf16) copy of op.in is still valid
+    bool input_ready = false;  // Gemv: an earlier matmul's int8 (or, in prefill, bf16) copy of op.in is still valid (copy_ready)
     bool q_out = false;        // Norm, Attention: also write the quantized copy of the output
     bool local_rope = false;   // RopeKv
     int32_t layer = -1;        // RopeKv
@@ -257,7 +257,10 @@ public:
         ER_CUDA(cudaMemset(sample_wide_.get(), 0, sizeof(WideState)));
         qbuf_ = device_alloc<uint8_t>(static_cast<size_t>(plan_.max_tokens * q_stride()) * qblock_bytes() + 256);  // GEMV reads whole 16 bytes
         qglu_ = device_alloc<uint8_t>(static_cast<size_t>(q_stride()) * qblock_bytes() + 256);
-        if (plan_.max_tokens >= kPrefillKernelTokens) hbuf_ = device_alloc<uint16_t>(static_cast<size_t>(plan_.max_tokens * h_stride()));
+        if (plan_.max_tokens >= kPrefillKernelTokens) {
+            hbuf_ = device_alloc<uint16_t>(static_cast<size_t>(plan_.max_tokens * h_stride()));
+            hscale_ = device_alloc<float>(static_cast<size_t>(plan_.max_tokens));
+        }
         const AttentionScratch scratch = attention_scratch(plan_.max_tokens, static_cast<int32_t>(c_.n_head),
                                                            static_cast<int32_t>(c_.n_head_kv), static_cast<int32_t>(c_.head_dim));
         attn_partial_ = device_alloc<float>(static_cast<size_t>(scratch.partial));
@@ -602,13 +605,22 @@ private:
     QBlock* qrow(int64_t t) const {
         return reinterpret_cast<QBlock*>(qbuf_.get() + static_cast<size_t>(t * q_stride()) * qblock_bytes());
     }
-    // bf16 values per row of the prefill GEMM's input buffer: rows on 16-byte boundaries
+    // 16-bit values per row of the prefill GEMM's input buffer: rows on 16-byte boundaries
     int64_t h_stride() const { return (widest_ + 7) / 8 * 8; }
     uint16_t* hrow(int64_t t) const { return hbuf_.get() + t * h_stride(); }
     // Whether step k, over n tokens, is a matmul the tensor-core GEMM runs (its input then is
     // the bf16 copy, and no int8 one is needed).
     bool takes_gemm(size_t k, int64_t n) const {
         return k < steps_.size() && steps_[k].kind == Step::Gemv && gemm_takes(steps_[k].op.weight->type, n);
+    }
+    // Whether Gemv step k (input_ready), over n tokens, reads the copy of its input that step k − 1
+    // left: an int8 format's GEMV or GEMM as this one (the int8 copy, or the GEMM's bf16 one). Not
+    // where one takes the GEMM and the other the GEMV (a format whose stages do not fit the
+    // device's blocks: Q6_K's on sm_89), or a float format's matmul came between.
+    bool copy_ready(size_t k, int64_t n) const {
+        if (!steps_[k].input_ready || k == 0) return false;
+        const Step& p = steps_[k - 1];
+        return p.kind == Step::Gemv && p.op.in == steps_[k].op.in && gemv_wants_q8(p.op.weight->type) && takes_gemm(k - 1, n) == takes_gemm(k, n);
     }
 
     const ModelConfig& c_;
@@ -630,7 +642,8 @@ private:
     uint64_t seq_ = 0;                   // the last one-token step's sequence number (StepBlock::seq)
     DevicePtr<uint8_t> qnorm_;           // one row: a norm's int8 copy from the GEMV before it (by_producer; a buffer of
     DevicePtr<float> qnorm_ss_;          // its own, as that GEMV reads qbuf_), and its units' sums of squares
-    DevicePtr<uint16_t> hbuf_;           // bf16 activations of one buffer for the prefill GEMM, max_tokens rows
+    DevicePtr<uint16_t> hbuf_;           // 16-bit activations of one buffer for the prefill GEMM, max_tokens rows (HalfArgs)
+    DevicePtr<float> hscale_;            // and their per-token scales where they are f16
     DevicePtr<float> attn_partial_;      // the decode attention's partial results
     DevicePtr<int32_t> attn_done_;       // and its counters
     DevicePtr<float> arena_, inv_freq_;  // inv_freq_: the global base's, then the local base's
@@ -906,6 +919,7 @@ GemvArgs Runner::gemv_args(size_t k, int64_t n, int64_t first, StepBlock* b) con
     a.xq_stride = q_stride();
     a.xh = hbuf_ ? hrow(first) : nullptr;
     a.xh_stride = h_stride();
+    if (hbuf_ && gemm_f16_input(op.weight->type)) a.xh_scale = hscale_.get() + first;
     a.accumulate = op.accumulate;
     if (n == 1 && s.rope_step >= 0) {
         const Step& r = steps_[static_cast<size_t>(s.rope_step)];
@@ -973,10 +987,12 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
             case Step::Gemv: {
                 const Weight& w = *op.weight;
                 const bool from_glu = n == 1 && k > 0 && steps_[k - 1].q8_for_next;  // the int8 input is in qglu_ already
+                const bool ready = copy_ready(k, n - first);
                 if (takes_gemm(k, n - first)) {
-                    if (!s.input_ready)
-                        push(Part::Quantize, bf16_activations(Bf16Args{row(op.in, first), hrow(first), n - first, w.cols, width(op.in), h_stride()}));
-                } else if (s.quantize && !from_glu) {
+                    if (!ready)
+                        push(Part::Quantize, half_activations(HalfArgs{row(op.in, first), hrow(first), n - first, w.cols, width(op.in), h_stride(),
+                                                                       gemm_f16_input(w.type), hscale_.get() + first}));
+                } else if ((s.quantize || (s.input_ready && !ready)) && !from_glu) {
                     QuantizeArgs q{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()};
                     if (n == 1 && k > 0 && steps_[k - 1].tag_ordinal >= 0)  // (from gate·up's tagged values, into qglu_)
                         q.out = reinterpret_cast<QBlock*>(qglu_.get()), q.tagged = tagged_args(b),

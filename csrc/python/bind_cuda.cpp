@@ -15,6 +15,13 @@
 namespace nb = nanobind;
 using namespace edgerunner;
 
+#if defined(ER_HAVE_CUDA)
+static cuda::GemmKernel gemm_kernel(const std::string& gemm) {
+    if (gemm != "auto" && gemm != "mma.sync" && gemm != "wgmma") throw std::invalid_argument("gemm must be 'auto', 'mma.sync' or 'wgmma', not '" + gemm + "'");
+    return gemm == "wgmma" ? cuda::GemmKernel::Wgmma : gemm == "mma.sync" ? cuda::GemmKernel::MmaSync : cuda::GemmKernel::Auto;
+}
+#endif
+
 void bind_cuda(nb::module_& m) {
 #if defined(ER_HAVE_CUDA)
     m.attr("cuda_built") = true;
@@ -33,9 +40,7 @@ void bind_cuda(nb::module_& m) {
                             nb::ndarray<const float, nb::ndim<2>, nb::c_contig> x, const std::string& gemm) {
         auto info = tensor_type_info(type_id);
         if (!info) throw std::invalid_argument("unknown tensor type id " + std::to_string(type_id));
-        if (gemm != "auto" && gemm != "mma.sync" && gemm != "wgmma")
-            throw std::invalid_argument("gemm must be 'auto', 'mma.sync' or 'wgmma', not '" + gemm + "'");
-        const cuda::GemmKernel kernel = gemm == "wgmma" ? cuda::GemmKernel::Wgmma : gemm == "mma.sync" ? cuda::GemmKernel::MmaSync : cuda::GemmKernel::Auto;
+        const cuda::GemmKernel kernel = gemm_kernel(gemm);
         const int64_t n_tokens = static_cast<int64_t>(x.shape(0)), n = static_cast<int64_t>(x.shape(1));
         if (n_tokens < 1 || n % info->block_size != 0 || rows.shape(1) != static_cast<size_t>(n / info->block_size * info->type_size))
             throw std::invalid_argument("rows and x sizes do not match the type's blocks");
@@ -60,13 +65,15 @@ void bind_cuda(nb::module_& m) {
         if (!info) throw std::invalid_argument("unknown tensor type id " + std::to_string(type_id));
         return cuda::gemv_wants_q8(info->type);
     }, nb::arg("type_id"), "Whether the CUDA GEMV of this type multiplies int8-quantized activations.");
-    m.def("cuda_matmul_activations", [](uint32_t type_id, int64_t n_tokens) {
+    m.def("cuda_matmul_activations", [](uint32_t type_id, int64_t n_rows, int64_t n, int64_t n_tokens, const std::string& gemm) {
         auto info = tensor_type_info(type_id);
         if (!info) throw std::invalid_argument("unknown tensor type id " + std::to_string(type_id));
-        return std::string(cuda::gemm_takes(info->type, n_tokens) ? "bf16" : cuda::gemv_wants_q8(info->type) ? "int8" : "float");
-    }, nb::arg("type_id"), nb::arg("n_tokens"),
-       "What the CUDA matmul of this type over n_tokens multiplies the weights with: 'bf16' (the tensor-core GEMM: weights and "
-       "activations rounded to bf16), 'int8' (activations quantized 32 per scale) or 'float'.");
+        return cuda::matmul_operands(info->type, n_rows, n, n_tokens, gemm_kernel(gemm));
+    }, nb::arg("type_id"), nb::arg("n_rows"), nb::arg("n"), nb::arg("n_tokens"), nb::arg("gemm") = "auto",
+       "What cuda_matmul of this type and shape (n_rows × n weights, n_tokens) multiplies with: the tensor-core GEMM's 'bf16' "
+       "(weights and activations rounded to bf16), 'f16' (F16 weights as they are, the activations rounded to f16) or 'tf32' "
+       "(F32 on Hopper's kernel: weights and activations cut to tf32); the GEMV's 'int8' (activations quantized 32 per scale) "
+       "or 'float'.");
 #else
     m.attr("cuda_built") = false;
     m.def("cuda_available", [] { return false; }, "Whether this build has the CUDA backend and a CUDA device is present.");
