@@ -30,6 +30,35 @@ def test_cuda_logits_close_to_float64_reference(tiny_models, case):
     assert err <= FAST_TOLERANCE * scale, f"{case} seed {seed}: max |Δ| {err:.3g} vs |logit| max {scale:.3g}"
 
 
+def test_cuda_mixed_formats_on_one_input(tmp_path, monkeypatch):
+    """Q and V in Q4_0 and K in F16: three launches on one input, where V may read the copy of it
+    Q's launch made (int8 for the GEMV, bf16 for the tensor-core GEMM) only if nothing came
+    between. From 16 tokens on K's GEMM writes an f16 copy into the same buffer, so V makes its
+    own (Runner::copy_ready). Prefill in chunks of 16 (the GEMM) and 8 (the GEMV), then decode
+    steps: the logits within the CPU fast path's bound of the float64 reference."""
+    from edgerunner import model_builder
+    from edgerunner.model_builder import QType, write_random_model
+
+    monkeypatch.setattr(model_builder, "mix_tensor_type", lambda mix, role, *rest: QType.F16 if role == "attn_k" else QType.Q4_0)
+    path = write_random_model(tmp_path / "m.gguf", arch="llama", preset="tiny", tensor_type="Q4_K_M", seed=7)
+    monkeypatch.undo()
+    types = {t.name.split(".")[-2]: t.tensor_type.name for t in __import__("gguf").GGUFReader(path).tensors if t.name.startswith("blk.0.attn_")}
+    assert (types["attn_q"], types["attn_k"], types["attn_v"]) == ("Q4_0", "F16", "Q4_0")
+    ref = ReferenceModel(path)
+    model = _core.Model.load(str(path), backend="cuda", prefill_chunk=16)
+    ids = prompt(np.random.default_rng(3), 48)
+    want = ref.logits(ids)
+    s = _core.Session(model)
+    got = [s.eval_all(ids[:40])]
+    for t in range(40, 48):
+        s.eval(ids[: t + 1])
+        got.append(s.logits()[None])
+    got = np.concatenate(got)
+    scale = np.abs(want).max()
+    err = np.abs(got - want).max(axis=1)
+    assert np.all(err <= FAST_TOLERANCE * scale), f"max |Δ| by position {np.round(err, 4)} vs |logit| max {scale:.3g}"
+
+
 # Q4_K + Q6_K super-blocks; Q4_0's and Q8_0's blocks, in groups of eight on the device (the odd
 # shape's rows of 66 and 177 units padded to whole groups); an f32 cache; wide
 # models, one with an odd shape, two with the 8B's attention shape, and one with a long LM head (below);
