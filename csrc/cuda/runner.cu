@@ -988,8 +988,10 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 const Weight& w = *op.weight;
                 const bool from_glu = n == 1 && k > 0 && steps_[k - 1].q8_for_next;  // the int8 input is in qglu_ already
                 const bool ready = copy_ready(k, n - first);
+                GemvArgs a = gemv_args(k, n, first, b);
                 if (takes_gemm(k, n - first)) {
-                    if (!ready)
+                    // (F32 weights on Hopper's kernel multiply the float activations themselves)
+                    if (!ready && std::strcmp(gemm_operands(w.type, a), "tf32") != 0)
                         push(Part::Quantize, half_activations(HalfArgs{row(op.in, first), hrow(first), n - first, w.cols, width(op.in), h_stride(),
                                                                        gemm_f16_input(w.type), hscale_.get() + first}));
                 } else if ((s.quantize || (s.input_ready && !ready)) && !from_glu) {
@@ -999,7 +1001,6 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                         q.tag_ordinal = static_cast<uint32_t>(steps_[k - 1].tag_ordinal);
                     push(Part::Quantize, quantize_activations(q));
                 }
-                GemvArgs a = gemv_args(k, n, first, b);
                 if (n == 1 && s.norm_step >= 0 && steps_[static_cast<size_t>(s.norm_step)].folded) a.norm = folded_norm(static_cast<size_t>(s.norm_step));
                 const Part part = op.tail ? Part::Head : s.glu != cuda::Glu::None ? Part::GateUp : !op.accumulate ? Part::Qkv
                                 : op.in == Buf::ATT ? Part::Out : Part::Down;
