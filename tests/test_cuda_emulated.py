@@ -37,7 +37,7 @@ from edgerunner.model_builder import write_random_model
 from reference_forward import ReferenceModel
 from test_engine import FAST_TOLERANCE, IDS, K, prompt, tiny_models  # noqa: F401 (fixture)
 from test_cuda_engine import write_broken_output_model
-from test_cuda_ops import K_TYPES, matmul_error, random_activations, random_weights
+from test_cuda_ops import K_TYPES, f16_scales, matmul_error, random_activations, random_weights
 from test_kernels import TYPES
 from test_sampler import ref_transform_f32
 
@@ -327,6 +327,41 @@ def test_emulated_cuda_matmul_equals_float64(emulator, tmp_path, name):
         if name in INT8 and n_tokens > 1:
             one = cuda_matmul(emulator, tmp_path, name, rows, x[:1])
             assert np.array_equal(one[0], y[0]), f"{name} rows={n_rows} n={n} seed {seed}: the one-token and several-token GEMVs differ"
+
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_emulated_cuda_half_copy(emulator, tmp_path, kind):
+    """The tensor-core GEMM's 16-bit copy of its input (half_activations): bf16 values, or f16
+    ones for F16 weights after each token is divided by its power of two (f16_scales: 1 unless a
+    finite value reaches 32768), which the kernel writes per token; rounded to nearest even, bit
+    for bit NumPy's. Tokens of ordinary values, of values up to 4e30, at f16's edges (65504,
+    32768 and just below it, its subnormals and below them), with an infinity, of zeros."""
+    seed = random.randrange(2**32)
+    rng = np.random.default_rng(seed)
+    n_tokens, cols = 9, 1056
+    x = random_activations(rng, n_tokens, cols)
+    x[1] *= np.float32(1e29)
+    x[2, :6] = [65504, -32768, 32767.99, 6e-8, -3e-8, 1e-9]
+    x[3, :3] = [32767.99, 2.0**-24, 2.0**-25 * 3]
+    x[4, 5] = np.inf
+    x[5] = 0
+    x[6] *= np.float32(2.0**20)
+    x.tofile(tmp_path / "x.bin")
+    args = [str(emulator), "half", kind, str(n_tokens), str(cols), str(tmp_path / "x.bin"), str(tmp_path / "y.bin")]
+    r = subprocess.run(args + ([str(tmp_path / "s.bin")] if kind == "f16" else []), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = np.fromfile(tmp_path / "y.bin", np.uint16).reshape(n_tokens, cols)
+    if kind == "f16":
+        scales = f16_scales(x)
+        assert np.array_equal(np.fromfile(tmp_path / "s.bin", np.float32), scales.astype(np.float32)), f"seed {seed}"
+        assert scales[0] == scales[3] == scales[4] == scales[5] == 1 and scales[1] > 2.0**80 and scales[2] == 2 and scales[6] > 1
+        with np.errstate(over="ignore"):
+            want = (x.astype(np.float64) / scales[:, None]).astype(np.float32).astype(np.float16).view(np.uint16)
+    else:
+        u = x.view(np.uint32).astype(np.uint64)
+        want = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    bad = np.argwhere(got != want)
+    assert bad.size == 0, f"{kind} seed {seed}: {len(bad)} values differ, first at {tuple(bad[0])}: {got[tuple(bad[0])]:#06x} against {want[tuple(bad[0])]:#06x}"
+
 
 DISPATCH = ("eager", "argument_buffers", "recorded")
 ONE_SM = {"EDGERUNNER_CUDA_EMULATOR_SMS": "1", "EDGERUNNER_CUDA_FOLD_NORM": "0"}  # (the GEMVs of several blocks an SM stream)

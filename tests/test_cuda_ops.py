@@ -74,9 +74,9 @@ def assert_matmul_close(name, rows, x, context, gemm="auto"):
 
 def f16_scales(x):
     """Per token, what the f16 copy of the activations divides its values by: 2^e, e >= 0 the
-    least that brings them under 2^15 (1 unless a value reaches 32768)."""
+    least that brings them under 2^15 (1 unless a finite value reaches 32768)."""
     m = np.abs(x.astype(np.float64)).max(axis=1)
-    e = np.where(m >= 32768, np.frexp(m)[1] - 15, 0)
+    e = np.where((m >= 32768) & np.isfinite(m), np.frexp(np.where(np.isfinite(m), m, 1.0))[1] - 15, 0)
     return np.ldexp(1.0, e)
 
 

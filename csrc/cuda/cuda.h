@@ -83,6 +83,10 @@ bool gemm_has_wgmma();
 // runs, reads back.
 std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, size_t row_bytes, const float* x, int64_t n_tokens,
                           int64_t n, GemmKernel kernel = GemmKernel::Auto);
+// The tensor-core GEMM's 16-bit copy of n_tokens rows of cols floats (half_activations), for the
+// tests: bf16 values, or with f16 f16 ones and each token's scale into *scales. Uploads, runs,
+// reads back.
+std::vector<uint16_t> half_copy(const float* x, int64_t n_tokens, int64_t cols, bool f16, std::vector<float>* scales);
 // What that matmul multiplies with: "bf16", "f16" or "tf32" where the tensor-core GEMM runs it
 // (gemm.cu, gemm_operands), else "int8" (activations quantized 32 per scale) or "float".
 std::string matmul_operands(TensorType type, int64_t n_rows, int64_t n, int64_t n_tokens, GemmKernel kernel = GemmKernel::Auto);

@@ -1741,6 +1741,23 @@ std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, 
     return y;
 }
 
+std::vector<uint16_t> half_copy(const float* x, int64_t n_tokens, int64_t cols, bool f16, std::vector<float>* scales) {
+    if (n_tokens < 1 || cols < 4 || cols % 4 != 0) throw std::invalid_argument("half_copy takes one token or more of a multiple of 4 values");
+    const size_t n = static_cast<size_t>(n_tokens * cols);
+    auto xd = device_alloc<float>(n);
+    auto out = device_alloc<uint16_t>(n);
+    auto scale = device_alloc<float>(static_cast<size_t>(n_tokens));
+    ER_CUDA(cudaMemcpy(xd.get(), x, n * sizeof(float), cudaMemcpyHostToDevice));
+    enqueue(half_activations(HalfArgs{xd.get(), out.get(), n_tokens, cols, cols, cols, f16, f16 ? scale.get() : nullptr}), nullptr, nullptr, false);
+    std::vector<uint16_t> y(n);
+    ER_CUDA(cudaMemcpy(y.data(), out.get(), n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    if (f16 && scales) {
+        scales->resize(static_cast<size_t>(n_tokens));
+        ER_CUDA(cudaMemcpy(scales->data(), scale.get(), scales->size() * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    return y;
+}
+
 std::string matmul_operands(TensorType type, int64_t n_rows, int64_t n, int64_t n_tokens, GemmKernel kernel) {
     if (!gemm_takes(type, n_tokens)) return gemv_wants_q8(type) ? "int8" : "float";
     GemvArgs a;  // (matmul's: one matrix, activations on 16-byte boundaries)

@@ -18,6 +18,9 @@
 //   cuda_emulator matmul TYPE ROWS COLS N_TOKENS W_FILE X_FILE OUT
 //       the backend's matmul (cuda::matmul: the runner's kernel choice, one token or several) of
 //       ROWS raw rows of TYPE (the file's blocks) with N_TOKENS float32 rows of COLS: OUT, N_TOKENS × ROWS
+//   cuda_emulator half f16|bf16 N_TOKENS COLS X_FILE OUT [SCALES]
+//       the tensor-core GEMM's 16-bit copy of N_TOKENS float32 rows of COLS (cuda::half_copy): OUT
+//       the values (uint16), SCALES (f16) each token's scale (float32)
 //   cuda_emulator devices MODEL --tokens ... [--steps N] [sampling options]   (EDGERUNNER_CUDA_EMULATOR_DEVICES=2)
 //       models on cuda:1 and cuda:0 while the thread's device is another: what each makes and runs
 //       is its device's, the thread's device is as it was after every call, sessions on both
@@ -189,6 +192,19 @@ int cmd_matmul(char** p) {
     const std::vector<float> x = read_array<float>(p[5]);
     const std::vector<float> y = cuda::matmul(type, w.data(), rows, w.size() / static_cast<size_t>(rows), x.data(), n_tokens, cols, cuda::GemmKernel::Auto);
     write_file(p[6], y.data(), y.size() * sizeof(float));
+    return 0;
+}
+
+int cmd_half(int argc, char** p) {
+    const std::string kind = p[0];
+    if (kind != "f16" && kind != "bf16") throw std::invalid_argument("half takes f16 or bf16, not " + kind);
+    const int64_t n_tokens = std::stoll(p[1]), cols = std::stoll(p[2]);
+    const std::vector<float> x = read_array<float>(p[3]);
+    if (x.size() != static_cast<size_t>(n_tokens * cols)) throw std::invalid_argument("X_FILE does not hold N_TOKENS × COLS floats");
+    std::vector<float> scales;
+    const std::vector<uint16_t> y = cuda::half_copy(x.data(), n_tokens, cols, kind == "f16", &scales);
+    write_file(p[4], y.data(), y.size() * sizeof(uint16_t));
+    if (argc > 5) write_file(p[5], scales.data(), scales.size() * sizeof(float));
     return 0;
 }
 
@@ -383,9 +399,10 @@ int main(int argc, char** argv) {
     try {
         const std::string cmd = argc > 1 ? argv[1] : "";
         if (cmd == "matmul" && argc == 9) return cmd_matmul(argv + 2);
+        if (cmd == "half" && (argc == 7 || argc == 8)) return cmd_half(argc - 2, argv + 2);
         const int positional = cmd == "sample" || cmd == "devices" || cmd == "broken" ? 1 : 2;
         if ((cmd != "sample" && cmd != "logits" && cmd != "generate" && cmd != "devices" && cmd != "broken") || argc < 2 + positional) {
-            std::fprintf(stderr, "usage: cuda_emulator sample|logits|matmul|generate|devices|broken ... (see main.cpp)\n");
+            std::fprintf(stderr, "usage: cuda_emulator sample|logits|matmul|half|generate|devices|broken ... (see main.cpp)\n");
             return 2;
         }
         Options options;
