@@ -365,10 +365,6 @@ struct Gemm : GemmTiles<T, kBM, 16> {
 // 128-byte swizzled layout: rows of 64 values (128 bytes) in atoms of eight rows, 16-byte chunk c
 // of row r stored at chunk c ^ (r mod 8), a tile's 128 values of K as two such columns of atoms.
 
-// What a wgmma multiplies: bf16, f16 (both k16) or tf32 (k8: each float's top 19 bits) operands;
-// 32 bytes of each K-major row a step either way.
-enum class WgOps { Bf16, F16, Tf32 };
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // (the helpers exist only where the kernel's body does)
 // A shared-memory matrix descriptor: K-major, 128-byte swizzle, eight-row atoms 1024 bytes apart.
 __device__ __forceinline__ uint64_t wg_desc(const void* p) {
@@ -397,15 +393,16 @@ __device__ __forceinline__ void wg_fence_regs(float (&d)[N]) {
 
 // d (64 rows × 128 tokens, float) += A (64 × 32 bytes of K) · B (128 × 32 bytes of K)ᵀ. Thread
 // (warp w, lane g·4 + t) holds d[4j + e]: row 16w + g + 8·(e / 2), token 8j + 2t + e % 2.
-template <WgOps kOps>
+// (GemmOperands: bf16 and f16 k16, tf32 k8; 32 bytes of each K-major row a step either way)
+template <GemmOperands kOps>
 __device__ __forceinline__ void wgmma_m64n128(float (&d)[64], uint64_t a, uint64_t b) {
 #define ER_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define ER_D "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 #define ER_OUT ER_F8(0), ER_F8(8), ER_F8(16), ER_F8(24), ER_F8(32), ER_F8(40), ER_F8(48), ER_F8(56)
-    if constexpr (kOps == WgOps::Bf16)
+    if constexpr (kOps == GemmOperands::Bf16)
         asm volatile("{.reg .pred p; setp.ne.b32 p, %66, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ER_D ", %64, %65, p, 1, 1, 0, 0;}"
                      : ER_OUT : "l"(a), "l"(b), "r"(1));
-    else if constexpr (kOps == WgOps::F16)
+    else if constexpr (kOps == GemmOperands::F16)
         asm volatile("{.reg .pred p; setp.ne.b32 p, %66, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ER_D ", %64, %65, p, 1, 1, 0, 0;}"
                      : ER_OUT : "l"(a), "l"(b), "r"(1));
     else  // (tf32 takes K-major operands only: no transpose arguments)
@@ -446,9 +443,9 @@ struct GemmWg : GemmTiles<T, 128, 8> {
     // sums multiplied by the token's xh_scale on the way out), F32 in tf32 against the float
     // activations themselves (GemvArgs::x), 64 values a tile: a row's tile is 256 bytes in every case.
     static constexpr bool kDirect = kFloatUnit<M>;
-    static constexpr WgOps kOps = T == TensorType::F16 ? WgOps::F16 : T == TensorType::F32 ? WgOps::Tf32 : WgOps::Bf16;
-    static constexpr int kUnits = kOps == WgOps::Tf32 ? 2 : kTileUnits;  // 32-value units a K tile
-    static constexpr int kUnitSteps = kOps == WgOps::Tf32 ? 4 : 2;        // wgmma steps (of 32 bytes of K) a unit
+    static constexpr GemmOperands kOps = T == TensorType::F16 ? GemmOperands::F16 : T == TensorType::F32 ? GemmOperands::Tf32 : GemmOperands::Bf16;
+    static constexpr int kUnits = kOps == GemmOperands::Tf32 ? 2 : kTileUnits;  // 32-value units a K tile
+    static constexpr int kUnitSteps = kOps == GemmOperands::Tf32 ? 4 : 2;        // wgmma steps (of 32 bytes of K) a unit
     static_assert(!kDirect || kUnits * sizeof(typename M::Block) == 256, "a float row's tile is 256 bytes");
     static constexpr int kWeightStages = kDirect ? 3 : 2;
     static constexpr size_t smem(int raw) {
@@ -516,13 +513,13 @@ struct GemmWg : GemmTiles<T, 128, 8> {
             }
         };
         // (the activations: 16-bit values, 4 pieces a unit, or with tf32 floats, 8)
-        constexpr int kTokenCopies = kN * 16 / kThreads, kUnitPieces = kOps == WgOps::Tf32 ? 8 : 4;
+        constexpr int kTokenCopies = kN * 16 / kThreads, kUnitPieces = kOps == GemmOperands::Tf32 ? 8 : 4;
         const int piece = tid % 16;
         const uint8_t* tok_src[kTokenCopies];  // token tid / 16 + 16i's piece of the last tile copied
 #pragma unroll
         for (int i = 0; i < kTokenCopies; ++i) {
             const int64_t tok = min(n0 + tid / 16 + 16 * i, a.n_tokens - 1);
-            tok_src[i] = (kOps == WgOps::Tf32 ? reinterpret_cast<const uint8_t*>(a.x + tok * a.x_stride) : reinterpret_cast<const uint8_t*>(a.xh + tok * a.xh_stride)) + 16 * piece;
+            tok_src[i] = (kOps == GemmOperands::Tf32 ? reinterpret_cast<const uint8_t*>(a.x + tok * a.x_stride) : reinterpret_cast<const uint8_t*>(a.xh + tok * a.xh_stride)) + 16 * piece;
         }
         const int tok_dst = wg_offset(tid / 16, piece, kN);  // (+ 2048 · i: the same swizzle row)
         auto copy_tokens = [&](int k) {  // (called for k = 0, 1, 2, ... in turn)
@@ -659,7 +656,7 @@ struct GemmWg : GemmTiles<T, 128, 8> {
                 for (int e = 0; e < 2; ++e) {
                     const int64_t tok = n0 + j * 8 + 2 * t + e;
                     if (tok >= a.n_tokens) continue;
-                    const float scale = kOps == WgOps::F16 ? a.xh_scale[tok] : 1.0f;  // (f16: what the token's copy was divided by)
+                    const float scale = kOps == GemmOperands::F16 ? a.xh_scale[tok] : 1.0f;  // (f16: what the token's copy was divided by)
                     float v = acc[4 * j + 2 * h + e] * scale;
                     if (gated) v = gate_act(a.glu, v) * (acc[4 * j + 2 + e] * scale);
                     else v += bias;
@@ -777,10 +774,10 @@ bool gemm_takes(TensorType type, int64_t n_tokens) {
 
 bool gemm_has_wgmma() { return wgmma_device(); }
 
-const char* gemm_operands(TensorType type, const GemvArgs& a, GemmKernel kernel) {
-    if (type == TensorType::F16) return "f16";
-    if (type == TensorType::F32 && takes_wgmma<TensorType::F32>(a, kernel)) return "tf32";
-    return "bf16";
+GemmOperands gemm_operands(TensorType type, const GemvArgs& a, GemmKernel kernel) {
+    if (type == TensorType::F16) return GemmOperands::F16;
+    if (type == TensorType::F32 && takes_wgmma<TensorType::F32>(a, kernel)) return GemmOperands::Tf32;
+    return GemmOperands::Bf16;
 }
 
 Launch gemm(TensorType type, const GemvArgs& a, GemmKernel kernel) {

@@ -1765,7 +1765,11 @@ std::string matmul_operands(TensorType type, int64_t n_rows, int64_t n, int64_t 
     a.cols = n;
     a.n_tokens = n_tokens;
     a.x_stride = n;
-    return gemm_operands(type, a, kernel);
+    switch (gemm_operands(type, a, kernel)) {
+        case GemmOperands::F16: return "f16";
+        case GemmOperands::Tf32: return "tf32";
+        default: return "bf16";
+    }
 }
 
 double copy_bandwidth(size_t n_bytes, int reps, int gpu) {

@@ -130,10 +130,11 @@ size_t smem_per_block();
 // (GemvArgs::xh, rows on 16-byte boundaries: xh and xh_stride · 2 multiples of 16), or for F32
 // weights on Hopper's kernel the float ones (x, where x and x_stride · 4 are multiples of 16).
 Launch gemm(TensorType type, const GemvArgs& args, GemmKernel kernel = GemmKernel::Auto);
-// What that GEMM's tensor cores multiply: "bf16" (weights and activations rounded to bf16),
-// "f16" (F16 weights as they are, the activations' f16 copy) or "tf32" (F32 weights and float
-// activations on Hopper's kernel: each value's top 19 bits).
-const char* gemm_operands(TensorType type, const GemvArgs& args, GemmKernel kernel = GemmKernel::Auto);
+// What that GEMM's tensor cores multiply: Bf16 (weights and activations rounded to bf16), F16
+// (F16 weights as they are, the activations' f16 copy) or Tf32 (F32 weights and the float
+// activations themselves on Hopper's kernel: each value's top 19 bits).
+enum class GemmOperands { Bf16, F16, Tf32 };
+GemmOperands gemm_operands(TensorType type, const GemvArgs& args, GemmKernel kernel = GemmKernel::Auto);
 
 // Two one-token GEMVs of different formats reading the same int8 input (Q·K and a V of another
 // type) as one launch, each half of its blocks running its own format's kernel: the second no

@@ -991,9 +991,11 @@ void Runner::compile(const StepInputs& in, std::vector<Launch>* out, StepBlock* 
                 GemvArgs a = gemv_args(k, n, first, b);
                 if (takes_gemm(k, n - first)) {
                     // (F32 weights on Hopper's kernel multiply the float activations themselves)
-                    if (!ready && std::strcmp(gemm_operands(w.type, a), "tf32") != 0)
+                    if (!ready && gemm_operands(w.type, a) != GemmOperands::Tf32) {
+                        const bool f16 = gemm_f16_input(w.type);
                         push(Part::Quantize, half_activations(HalfArgs{row(op.in, first), hrow(first), n - first, w.cols, width(op.in), h_stride(),
-                                                                       gemm_f16_input(w.type), hscale_.get() + first}));
+                                                                       f16, f16 ? hscale_.get() + first : nullptr}));
+                    }
                 } else if ((s.quantize || (s.input_ready && !ready)) && !from_glu) {
                     QuantizeArgs q{row(op.in, first), qrow(first), n - first, w.cols, width(op.in), q_stride()};
                     if (n == 1 && k > 0 && steps_[k - 1].tag_ordinal >= 0)  // (from gate·up's tagged values, into qglu_)

@@ -11,6 +11,6 @@ namespace edgerunner::cuda {
 bool gemm_takes(TensorType, int64_t) { return false; }
 bool gemm_has_wgmma() { return false; }
 Launch gemm(TensorType, const GemvArgs&, GemmKernel) { throw std::logic_error("the CUDA emulator runs no tensor-core GEMM"); }
-const char* gemm_operands(TensorType, const GemvArgs&, GemmKernel) { throw std::logic_error("the CUDA emulator runs no tensor-core GEMM"); }
+GemmOperands gemm_operands(TensorType, const GemvArgs&, GemmKernel) { throw std::logic_error("the CUDA emulator runs no tensor-core GEMM"); }
 
 }  // namespace edgerunner::cuda
