@@ -445,7 +445,6 @@ struct GemmWg : GemmTiles<T, 128, 8> {
     static constexpr bool kDirect = kFloatUnit<M>;
     static constexpr GemmOperands kOps = T == TensorType::F16 ? GemmOperands::F16 : T == TensorType::F32 ? GemmOperands::Tf32 : GemmOperands::Bf16;
     static constexpr int kUnits = kOps == GemmOperands::Tf32 ? 2 : kTileUnits;  // 32-value units a K tile
-    static constexpr int kUnitSteps = kOps == GemmOperands::Tf32 ? 4 : 2;        // wgmma steps (of 32 bytes of K) a unit
     static_assert(!kDirect || kUnits * sizeof(typename M::Block) == 256, "a float row's tile is 256 bytes");
     static constexpr int kWeightStages = kDirect ? 3 : 2;
     static constexpr size_t smem(int raw) {
@@ -621,6 +620,7 @@ struct GemmWg : GemmTiles<T, 128, 8> {
                 auto step = [&](int s) {
                     wgmma_m64n128<kOps>(acc, wg_desc(wa + (s / 4) * (kRows * 128) + (s % 4) * 32), wg_desc(xb + (s / 4) * (kN * 128) + (s % 4) * 32));
                 };
+                constexpr int kUnitSteps = kOps == GemmOperands::Tf32 ? 4 : 2;  // steps (of 32 bytes of K) a unit
                 const int steps = kUnitSteps * units_of(k);
                 if (steps == 8) {  // (no branch between the multiplies of a whole tile)
 #pragma unroll
