@@ -328,6 +328,21 @@ struct Gemm : GemmTiles<T, kBM, 16> {
 
         // Out: element e of (m-tile i, n-tile j) is row slot wm·32 + i·16 + g + 8·(e / 2), token
         // wn·kWarpTokens + j·8 + 2t + e % 2.
+        if constexpr (kF16) {  // (f16: the sums times what each token's copy was divided by, first:
+                               // loads alone, in flight together; between the stores below, which
+                               // may alias them, each would wait for the one before)
+#pragma unroll
+            for (int j = 0; j < kWarpTokens / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int64_t tok = n0 + wn * kWarpTokens + j * 8 + 2 * t + e;
+                    const float scale = tok < a.n_tokens ? a.xh_scale[tok] : 1.0f;
+#pragma unroll
+                    for (int i = 0; i < 2; ++i)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) acc[i][j][2 * h + e] *= scale;
+                }
+        }
         const bool gated = a.glu != Glu::None;
 #pragma unroll
         for (int i = 0; i < 2; ++i)
@@ -345,9 +360,8 @@ struct Gemm : GemmTiles<T, kBM, 16> {
                     for (int e = 0; e < 2; ++e) {
                         const int64_t tok = n0 + wn * kWarpTokens + j * 8 + 2 * t + e;
                         if (tok >= a.n_tokens) continue;
-                        const float scale = kF16 ? a.xh_scale[tok] : 1.0f;  // (f16: what the token's copy was divided by)
-                        float v = acc[i][j][2 * h + e] * scale;
-                        if (gated) v = gate_act(a.glu, v) * (acc[1][j][2 * h + e] * scale);
+                        float v = acc[i][j][2 * h + e];
+                        if (gated) v = gate_act(a.glu, v) * acc[1][j][2 * h + e];
                         else v += bias;
                         float* out = part.y + tok * part.y_stride + r;
                         *out = a.accumulate ? *out + v : v;
@@ -642,6 +656,17 @@ struct GemmWg : GemmTiles<T, 128, 8> {
         wg_fence_regs(acc);
 
         // Out: d[4j + e] is slot 64·wg + 16·warp + g + 8·(e / 2), token n0 + 8j + 2t + e % 2.
+        if constexpr (kOps == GemmOperands::F16) {  // (the token's scale first, as Gemm's)
+#pragma unroll
+            for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int64_t tok = n0 + j * 8 + 2 * t + e;
+                    const float scale = tok < a.n_tokens ? a.xh_scale[tok] : 1.0f;
+                    acc[4 * j + e] *= scale;
+                    acc[4 * j + 2 + e] *= scale;
+                }
+        }
         const bool gated = a.glu != Glu::None;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -656,9 +681,8 @@ struct GemmWg : GemmTiles<T, 128, 8> {
                 for (int e = 0; e < 2; ++e) {
                     const int64_t tok = n0 + j * 8 + 2 * t + e;
                     if (tok >= a.n_tokens) continue;
-                    const float scale = kOps == GemmOperands::F16 ? a.xh_scale[tok] : 1.0f;  // (f16: what the token's copy was divided by)
-                    float v = acc[4 * j + 2 * h + e] * scale;
-                    if (gated) v = gate_act(a.glu, v) * (acc[4 * j + 2 + e] * scale);
+                    float v = acc[4 * j + 2 * h + e];
+                    if (gated) v = gate_act(a.glu, v) * acc[4 * j + 2 + e];
                     else v += bias;
                     float* out = part.y + tok * part.y_stride + r;
                     *out = a.accumulate ? *out + v : v;
