@@ -123,6 +123,30 @@ constexpr int kHalfPieces = 0;
 template <class M>
 constexpr int kHalfPieces<M, std::void_t<decltype(M::kHalfPieces)>> = M::kHalfPieces;
 
+// One row's sums for a thread's kJ × 2 tokens (tok(j, e); those past the chunk skipped) stored
+// into row r of part.y: value(j, e) (the sum plus the bias, or the gate's activation times the up
+// sum), plus the value already there where the GEMV adds to its output (the residual). Those are
+// loaded first, all together: between the stores, which may alias them, each load would wait for
+// the store before it, and so for the load before that (one L2 latency an output).
+template <int kJ, class Tok, class Value>
+__device__ __forceinline__ void store_sums(const GemvArgs& a, const GemvPart& part, int64_t r, Tok tok, Value value) {
+    float old[kJ][2];
+    if (a.accumulate) {
+#pragma unroll
+        for (int j = 0; j < kJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) old[j][e] = tok(j, e) < a.n_tokens ? part.y[tok(j, e) * part.y_stride + r] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            if (tok(j, e) >= a.n_tokens) continue;
+            const float v = value(j, e);
+            part.y[tok(j, e) * part.y_stride + r] = a.accumulate ? old[j][e] + v : v;
+        }
+}
+
 // What the two GEMM kernels share: a format's K tile as staged (the raw bytes a row's tile takes
 // and the shared-memory stride that holds them, where a tile starts in its row), and the row
 // slots of a block of kRows: a matrix's rows in order across the parts (Q, K, V), or gated runs
@@ -354,18 +378,9 @@ struct Gemm : GemmTiles<T, kBM, 16> {
                 if (p < 0) continue;
                 const GemvPart& part = p == 0 ? a.part[0] : p == 1 ? a.part[1] : a.part[2];
                 const float bias = part.bias ? part.bias[r] : 0.0f;
-#pragma unroll
-                for (int j = 0; j < kWarpTokens / 8; ++j)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int64_t tok = n0 + wn * kWarpTokens + j * 8 + 2 * t + e;
-                        if (tok >= a.n_tokens) continue;
-                        float v = acc[i][j][2 * h + e];
-                        if (gated) v = gate_act(a.glu, v) * acc[1][j][2 * h + e];
-                        else v += bias;
-                        float* out = part.y + tok * part.y_stride + r;
-                        *out = a.accumulate ? *out + v : v;
-                    }
+                store_sums<kWarpTokens / 8>(
+                    a, part, r, [&](int j, int e) { return n0 + wn * kWarpTokens + j * 8 + 2 * t + e; },
+                    [&](int j, int e) { return gated ? gate_act(a.glu, acc[i][j][2 * h + e]) * acc[1][j][2 * h + e] : acc[i][j][2 * h + e] + bias; });
             }
     }
 };
@@ -675,18 +690,9 @@ struct GemmWg : GemmTiles<T, 128, 8> {
             if (p < 0 || (gated && h == 1)) continue;  // (the up rows: consumed with their gate rows)
             const GemvPart& part = p == 0 ? a.part[0] : p == 1 ? a.part[1] : a.part[2];
             const float bias = part.bias ? part.bias[r] : 0.0f;
-#pragma unroll
-            for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int64_t tok = n0 + j * 8 + 2 * t + e;
-                    if (tok >= a.n_tokens) continue;
-                    float v = acc[4 * j + 2 * h + e];
-                    if (gated) v = gate_act(a.glu, v) * acc[4 * j + 2 + e];
-                    else v += bias;
-                    float* out = part.y + tok * part.y_stride + r;
-                    *out = a.accumulate ? *out + v : v;
-                }
+            store_sums<kN / 8>(
+                a, part, r, [&](int j, int e) { return n0 + j * 8 + 2 * t + e; },
+                [&](int j, int e) { return gated ? gate_act(a.glu, acc[4 * j + 2 * h + e]) * acc[4 * j + 2 + e] : acc[4 * j + 2 * h + e] + bias; });
         }
 #else
         (void)a;
