@@ -125,7 +125,7 @@ constexpr int kHalfPieces<M, std::void_t<decltype(M::kHalfPieces)>> = M::kHalfPi
 
 // One row's sums for a thread's kJ × 2 tokens (tok(j, e); those past the chunk skipped) stored
 // into row r of part.y: value(j, e) (the sum plus the bias, or the gate's activation times the up
-// sum), plus the value already there where the GEMV adds to its output (the residual). Those are
+// sum), plus the value already there where the matmul adds to its output (the residual). Those are
 // loaded first, all together: between the stores, which may alias them, each load would wait for
 // the store before it, and so for the load before that (one L2 latency an output).
 template <int kJ, class Tok, class Value>
