@@ -222,6 +222,30 @@ def test_prefill_matmul_engine_shape(name):
         assert_matmul_close(name, rows, x, f"rows=1100 n={n} tokens=600 gemm={gemm} seed {seed}", gemm)
 
 
+@pytest.mark.parametrize("name,gemm", [(t, g) for t in ("Q4_0", "Q6_K", "F16", "BF16", "F32") for g in GEMM_KERNELS])
+def test_prefill_matmul_adds_to_its_residual(name, gemm):
+    """The tensor-core GEMM adding its sums to the values already in its output (the output and
+    down projections' residual, GemvArgs::accumulate; store_sums loads them all before its
+    stores): Y = R + X W^T equals, bit for bit, float32 R plus the same GEMM's X W^T without R,
+    which is itself within assert_matmul_close's bound of float64. Tiles partly empty in rows and
+    tokens; a random R of another scale than the sums, so a lost, doubled or misplaced value shows."""
+    seed = random.randrange(2**32)
+    rng = np.random.default_rng(seed)
+    type_id = quants.type_id(name)
+    for n_rows, blocks, n_tokens in ((200, 9, 77), (130, 18, 130)):
+        n = blocks * (256 if name in K_TYPES else 32)
+        rows = random_weights(name, n_rows, n, rng)
+        x = random_activations(rng, n_tokens, n)
+        context = f"{name} rows={n_rows} n={n} tokens={n_tokens} gemm={gemm} seed {seed}"
+        assert_matmul_close(name, rows, x, context, gemm)
+        plain = _core.cuda_matmul(type_id, rows, x, gemm)
+        residual = (rng.standard_normal((n_tokens, n_rows)) * 100).astype(np.float32)
+        added = _core.cuda_matmul(type_id, rows, x, gemm, residual=residual)
+        want = residual + plain
+        bad = np.argwhere(added.view(np.uint32) != want.view(np.uint32))
+        assert bad.size == 0, f"{context}: {len(bad)} sums differ, first at {tuple(bad[0])}: {added[tuple(bad[0])]!r} against {want[tuple(bad[0])]!r}"
+
+
 @pytest.mark.parametrize("gemm", GEMM_KERNELS)
 def test_prefill_f16_scales_activations_past_its_range(gemm):
     """F16 weights multiply an f16 copy of the activations, whose range ends at 65504: a token

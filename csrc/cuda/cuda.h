@@ -80,9 +80,10 @@ bool gemm_has_wgmma();
 // rows of row_bytes raw blocks (n columns), X is n_tokens rows of n floats, Y n_tokens rows of
 // n_rows. The kernel the runner would pick for that many tokens (GEMV, or the tensor-core GEMM
 // from kPrefillKernelTokens = 16 on, launch.cuh; `kernel` names one of the GEMM's). Uploads,
-// runs, reads back.
+// runs, reads back. With `residual` (n_tokens rows of n_rows floats), Y = residual + X W^T, added
+// as the runner adds a projection to its residual (GemvArgs::accumulate).
 std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, size_t row_bytes, const float* x, int64_t n_tokens,
-                          int64_t n, GemmKernel kernel = GemmKernel::Auto);
+                          int64_t n, GemmKernel kernel = GemmKernel::Auto, const float* residual = nullptr);
 // The tensor-core GEMM's 16-bit copy of n_tokens rows of cols floats (half_activations), for the
 // tests: bf16 values, or with f16 f16 ones and each token's scale into *scales. Uploads, runs,
 // reads back.

@@ -1700,7 +1700,7 @@ void to_device_layout(TensorType type, const uint8_t* from, uint8_t* to, int64_t
 }
 
 std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, size_t row_bytes, const float* x, int64_t n_tokens,
-                          int64_t n, GemmKernel kernel) {
+                          int64_t n, GemmKernel kernel, const float* residual) {
     const int64_t q_stride = (n / 32 + 3) / 4 * 4;  // QBlocks per token row, rows on 16-byte boundaries (as the runner's)
     if (row_bytes != file_row_bytes(type, n))
         throw std::invalid_argument("rows of " + std::to_string(n) + " " + std::string(tensor_type_name(type)) + " values take " +
@@ -1724,6 +1724,10 @@ std::vector<float> matmul(TensorType type, const uint8_t* rows, int64_t n_rows, 
     args.n_tokens = n_tokens;
     args.x = xd.get();
     args.x_stride = n;
+    if (residual) {
+        ER_CUDA(cudaMemcpy(yd.get(), residual, static_cast<size_t>(n_tokens * n_rows) * sizeof(float), cudaMemcpyHostToDevice));
+        args.accumulate = true;
+    }
     if (gemm_takes(type, n_tokens)) {  // (as the runner: 16-bit rows on 16-byte boundaries)
         const bool f16 = gemm_f16_input(type);
         enqueue(half_activations(HalfArgs{xd.get(), xh.get(), n_tokens, n, n, h_stride, f16, f16 ? xh_scale.get() : nullptr}), nullptr, nullptr, false);

@@ -2,8 +2,10 @@
 // the build has no CUDA backend.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -37,26 +39,31 @@ void bind_cuda(nb::module_& m) {
     }, nb::arg("n_bytes") = size_t(1) << 30, nb::arg("reps") = 5, nb::arg("gpu") = 0,
        "Device-to-device copy bandwidth of CUDA device `gpu`, GB/s (read + write).");
     m.def("cuda_matmul", [](uint32_t type_id, nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig> rows,
-                            nb::ndarray<const float, nb::ndim<2>, nb::c_contig> x, const std::string& gemm) {
+                            nb::ndarray<const float, nb::ndim<2>, nb::c_contig> x, const std::string& gemm,
+                            std::optional<nb::ndarray<const float, nb::ndim<2>, nb::c_contig>> residual) {
         auto info = tensor_type_info(type_id);
         if (!info) throw std::invalid_argument("unknown tensor type id " + std::to_string(type_id));
         const cuda::GemmKernel kernel = gemm_kernel(gemm);
         const int64_t n_tokens = static_cast<int64_t>(x.shape(0)), n = static_cast<int64_t>(x.shape(1));
         if (n_tokens < 1 || n % info->block_size != 0 || rows.shape(1) != static_cast<size_t>(n / info->block_size * info->type_size))
             throw std::invalid_argument("rows and x sizes do not match the type's blocks");
+        if (residual && (residual->shape(0) != x.shape(0) || residual->shape(1) != rows.shape(0)))
+            throw std::invalid_argument("residual must be tokens × rows, the shape of Y");
         std::vector<float> y;
         {
             nb::gil_scoped_release release;
-            y = cuda::matmul(info->type, rows.data(), static_cast<int64_t>(rows.shape(0)), rows.shape(1), x.data(), n_tokens, n, kernel);
+            y = cuda::matmul(info->type, rows.data(), static_cast<int64_t>(rows.shape(0)), rows.shape(1), x.data(), n_tokens, n, kernel,
+                             residual ? residual->data() : nullptr);
         }
         float* out = new float[y.size()];
         std::copy(y.begin(), y.end(), out);
         nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
         size_t shape[2] = {static_cast<size_t>(n_tokens), rows.shape(0)};
         return nb::ndarray<nb::numpy, float, nb::ndim<2>>(out, 2, shape, owner);
-    }, nb::arg("type_id"), nb::arg("rows"), nb::arg("x"), nb::arg("gemm") = "auto",
+    }, nb::arg("type_id"), nb::arg("rows"), nb::arg("x"), nb::arg("gemm") = "auto", nb::arg("residual") = nb::none(),
        "Y = X W^T on the CUDA device (W in its raw blocks, X one row per token): the kernel the engine picks for that many tokens; "
-       "where that is the tensor-core GEMM, gemm='mma.sync' or 'wgmma' (Hopper, cuda_gemm_has_wgmma) names its kernel.");
+       "where that is the tensor-core GEMM, gemm='mma.sync' or 'wgmma' (Hopper, cuda_gemm_has_wgmma) names its kernel. With "
+       "residual (tokens × rows floats), Y = residual + X W^T, added in the kernel as the engine adds a projection to its residual.");
     m.def("cuda_gemm_has_wgmma", &cuda::gemm_has_wgmma,
           "Whether the tensor-core GEMM has its Hopper kernel here (warpgroup MMA: a compute capability 9.0 device, a build with "
           "sm_90a code, and EDGERUNNER_CUDA_WGMMA not 0).");
